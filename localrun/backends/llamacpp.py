@@ -1,0 +1,582 @@
+"""llama.cpp backend on llama-cpp-python's low-level C API (``llama_cpp.llama_cpp``).
+
+Why not ``llama_cpp.Llama``: its streamed completion copies the logits to NumPy for every token and
+samples in Python (≈ 42 tok/s for SmolLM2 here, against ≈ 62 for llama-bench), it holds one sequence,
+and its constructor takes 45 parameters. This engine drives ``llama_decode`` with llama.cpp's own
+sampler chain (``llama_sampler_chain_*``), as ``examples/simple`` and ``tools/server`` do, and decodes
+several sequences in one batch (continuous batching, used by ``localrun serve``):
+
+* a context holds ``plan.n_parallel`` sequences, each with its own KV cells (``n_ctx`` tokens each);
+* each ``Slot`` remembers which tokens its KV holds, so a new prompt that shares a prefix with it (the
+  same system prompt, the earlier turns of a chat) only prefills the rest (prefix caching);
+* ``step(gens)`` puts one decode token for every running sequence plus prompt chunks of the ones still
+  prefilling into a single ``llama_decode`` (prompts are prefilled in chunks of at most ``n_batch``
+  tokens, so running streams keep flowing), then samples each sequence with its own sampler.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
+from localrun.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ChatTemplateError,
+    ContextOverflowError,
+    LocalrunError,
+    UnsupportedArchitectureError,
+)
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def _import_llama():
+    try:
+        import llama_cpp
+        from llama_cpp import llama_cpp as C
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise BackendUnavailableError(
+            f"llama-cpp-python is not installed or failed to load ({e})",
+            hint="pip install llama-cpp-python (CUDA: CMAKE_ARGS='-DGGML_CUDA=on' pip install "
+            "--force-reinstall --no-cache-dir llama-cpp-python)") from None
+    LlamaLog.install(C)
+    return llama_cpp, C
+
+
+class LlamaLog:
+    """llama.cpp's log, captured (``llama_log_set`` is process-wide, so this is one shared sink).
+
+    Lines are kept in a ring buffer (tests and `fit` compare the KV-cache and buffer sizes llama.cpp
+    reports with the plan) and echoed to stderr only when ``LOCALRUN_DEBUG``/``LOCALRUN_VERBOSE`` is set.
+    """
+
+    lines: deque[str] = deque(maxlen=4000)
+    _partial = ""
+    _callback = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def install(cls, C) -> None:
+        if cls._callback is not None:
+            return
+
+        @C.llama_log_callback
+        def _cb(level: int, text: bytes, user_data) -> None:
+            s = text.decode("utf-8", errors="replace")
+            with cls._lock:
+                buf = cls._partial + s
+                *done, cls._partial = buf.split("\n")
+                cls.lines.extend(done)
+            if os.environ.get("LOCALRUN_DEBUG") or os.environ.get("LOCALRUN_VERBOSE"):
+                sys.stderr.write(s)
+
+        cls._callback = _cb  # keep a reference: C holds only the pointer
+        C.llama_log_set(_cb, ctypes.c_void_p(0))
+
+    @classmethod
+    def mark(cls) -> int:
+        return len(cls.lines)
+
+    @classmethod
+    def since(cls, mark: int) -> list[str]:
+        with cls._lock:
+            lines = list(cls.lines)
+        return lines[mark:] if mark <= len(lines) else lines
+
+
+@dataclass
+class Slot:
+    """One sequence's KV cells. ``tokens`` are exactly the tokens whose KV the cache holds for it."""
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    busy: bool = False
+    last_used: float = 0.0
+
+
+@dataclass
+class Generation:
+    """A running request on a slot: its prompt, sampler, output text and timings."""
+
+    slot: Slot
+    prompt: list[int]
+    params: SamplingParams
+    sampler: object
+    n_prompt_done: int  # prompt tokens whose KV is in the cache (cached prefix + prefilled)
+    cached_tokens: int
+    t_start: float
+    pending: int | None = None  # last sampled token, to be decoded next step
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of ``text`` already yielded
+    finish_reason: str | None = None
+    t_first: float = 0.0
+    t_prefill_done: float = 0.0
+    cancelled: bool = False
+    decoder: object = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_prompt_done < len(self.prompt)
+
+    def stats(self, n_ctx: int) -> Stats:
+        now = time.perf_counter()
+        return Stats(
+            prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
+            completion_tokens=len(self.generated),
+            ttft_s=(self.t_first or now) - self.t_start,
+            prefill_s=(self.t_prefill_done or now) - self.t_start,
+            decode_s=max(0.0, now - (self.t_first or now)),
+            n_ctx_used=len(self.slot.tokens), n_ctx=n_ctx)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class LlamaCppEngine:
+    """A GGUF loaded in llama.cpp with the parameters of a ``Plan``.
+
+    Raises BackendUnavailableError (no llama_cpp), UnsupportedArchitectureError, BackendError (load or
+    decode failure). Not thread-safe: one thread drives it (chat's loop or the server's scheduler).
+    """
+
+    backend = "llamacpp"
+
+    def __init__(self, model_path: str, plan, *, chat_template: str | None = None, spec=None) -> None:
+        from localrun.chat_template import ChatTemplate
+        from localrun.gguf_info import read_gguf
+
+        self.model_path = model_path
+        self.plan = plan
+        self.spec = spec or read_gguf(model_path)
+        self.spec.check_complete()
+        self.llama_cpp, C = _import_llama()
+        self.C = C
+        C.llama_backend_init()
+        mark = LlamaLog.mark()
+
+        mp = C.llama_model_default_params()
+        mp.n_gpu_layers = int(plan.n_gpu_layers if plan.n_gpu_layers >= 0 else 1_000_000)
+        mp.use_mmap = bool(plan.use_mmap)
+        mp.use_mlock = bool(plan.use_mlock)
+        mp.main_gpu = int(plan.main_gpu)
+        if _cpu_advertises_amx():
+            # llama.cpp's AMX matmul (an "extra buffer type") dies with SIGILL (tilezero) on this
+            # llama.cpp build on CPUs/VMs we have seen; the AVX-512 kernels are used instead.
+            mp.use_extra_bufts = False
+        if plan.tensor_split:
+            arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
+            self._tensor_split = arr_t(*plan.tensor_split)
+            mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
+        t0 = time.perf_counter()
+        self.model = C.llama_model_load_from_file(model_path.encode(), mp)
+        if not self.model:
+            self._raise_load_error(LlamaLog.since(mark))
+        self.vocab = C.llama_model_get_vocab(self.model)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+
+        n_par = max(1, int(plan.n_parallel))
+        cp = C.llama_context_default_params()
+        cp.n_ctx = int(plan.n_ctx) * n_par
+        cp.n_batch = int(plan.n_batch)
+        cp.n_ubatch = int(min(plan.n_ubatch, plan.n_batch))
+        cp.n_seq_max = n_par
+        threads = plan.n_threads or _physical_cores()
+        cp.n_threads = int(threads)
+        cp.n_threads_batch = int(plan.n_threads_batch or threads)
+        cp.flash_attn_type = {None: -1, True: 1, False: 0}[plan.flash_attn]
+        try:
+            cp.type_k = cp.type_v = KV_TYPES[plan.kv_type.lower()]
+        except KeyError:
+            raise LocalrunError(f"unknown KV-cache type {plan.kv_type!r}",
+                                hint=f"use one of {', '.join(KV_TYPES)}") from None
+        cp.offload_kqv = bool(plan.offload_kqv)
+        cp.swa_full = bool(plan.swa_full)
+        cp.kv_unified = False  # each sequence gets its own n_ctx cells
+        cp.no_perf = True
+        self.ctx = C.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            lines = LlamaLog.since(mark)
+            C.llama_model_free(self.model)
+            self.model = None
+            raise BackendError("llama.cpp could not create the context: " + _last_errors(lines),
+                               hint="lower --ctx, use --kv-type q8_0, or fewer --n-gpu-layers")
+        self.load_s = time.perf_counter() - t0
+        self.load_log = LlamaLog.since(mark)
+        self.mem = C.llama_get_memory(self.ctx)
+        self.n_ctx = int(C.llama_n_ctx_seq(self.ctx))
+        self.n_batch = int(C.llama_n_batch(self.ctx))
+        self.n_parallel = n_par
+        self.slots = [Slot(seq_id=i) for i in range(n_par)]
+        self._batch = C.llama_batch_init(self.n_batch + n_par, 0, 1)
+        self._piece = ctypes.create_string_buffer(256)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.bos_text = self.spec.token_text(self.spec.bos_token_id) or ""
+        self.eos_text = self.spec.token_text(self.spec.eos_token_id) or ""
+        src = chat_template or self.spec.chat_template
+        self._template = ChatTemplate(src, bos_token=self.bos_text, eos_token=self.eos_text) if src else None
+        self._swa_partial_ok = not (self.spec.sliding_window and not plan.swa_full)
+
+    # ------------------------------------------------------------------ model facts
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def _raise_load_error(self, lines: list[str]):
+        text = "\n".join(lines)
+        if "unknown model architecture" in text:
+            raise UnsupportedArchitectureError(self.spec.arch, "llama.cpp")
+        raise BackendError(f"llama.cpp could not load {self.model_path}: {_last_errors(lines)}",
+                           hint="run with LOCALRUN_DEBUG=1 to see llama.cpp's log")
+
+    # ------------------------------------------------------------------ text <-> tokens
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        C = self.C
+        data = text.encode("utf-8")
+        if add_special and self.bos_text and parse_special and text.startswith(self.bos_text):
+            add_special = False  # the template already wrote BOS; don't double it
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        n = self.C.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.C.llama_vocab_is_eog(self.vocab, token))
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        if self._template is None:
+            raise ChatTemplateError(
+                f"{os.path.basename(self.model_path)} has no chat template (it is probably a base model, "
+                "not an instruction-tuned one)",
+                hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+    # ------------------------------------------------------------------ sampling
+    def make_sampler(self, p: SamplingParams):
+        """llama.cpp sampler chain for ``p`` (order as common/sampling.cpp: bias, penalties, grammar,
+        top-k, top-p, min-p, temperature, dist; greedy when temperature <= 0)."""
+        C = self.C
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if p.logit_bias:
+            n = len(p.logit_bias)
+            arr = (C.llama_logit_bias * n)()
+            for i, (tok, bias) in enumerate(p.logit_bias.items()):
+                arr[i].token, arr[i].bias = int(tok), float(bias)
+            add(C.llama_sampler_init_logit_bias(self.n_vocab, n, arr))
+        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            add(C.llama_sampler_init_penalties(p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                                               p.presence_penalty))
+        if p.grammar:
+            g = C.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+            if not g:
+                C.llama_sampler_free(chain)
+                raise LocalrunError("the grammar does not parse", hint="check the GBNF (llama.cpp grammars/README.md)")
+            add(g)
+        if p.temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(C.llama_sampler_init_top_k(int(p.top_k)))
+            if 0 < p.top_p < 1:
+                add(C.llama_sampler_init_top_p(float(p.top_p), 1))
+            if p.min_p > 0:
+                add(C.llama_sampler_init_min_p(float(p.min_p), 1))
+            add(C.llama_sampler_init_temp(float(p.temperature)))
+            seed = C.LLAMA_DEFAULT_SEED if p.seed is None else int(p.seed) & 0xFFFFFFFF
+            add(C.llama_sampler_init_dist(seed))
+        return chain
+
+    # ------------------------------------------------------------------ sequences
+    def acquire_slot(self, prompt: Sequence[int]) -> Slot | None:
+        """The free slot whose cached tokens share the longest prefix with ``prompt`` (LRU on ties)."""
+        free = [s for s in self.slots if not s.busy]
+        if not free:
+            return None
+        return max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+
+    def start(self, prompt: Sequence[int], params: SamplingParams, slot: Slot | None = None) -> Generation:
+        """Reserve a slot for ``prompt`` and reuse its longest cached prefix.
+
+        Raises ContextOverflowError when the prompt leaves no room to generate, BackendError when no
+        slot is free (callers queue instead)."""
+        prompt = list(prompt)
+        if not prompt:
+            prompt = [self.C.llama_vocab_bos(self.vocab)] if self.add_bos else self.tokenize(" ", add_special=True)
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflowError(len(prompt), self.n_ctx)
+        slot = slot or self.acquire_slot(prompt)
+        if slot is None or slot.busy:
+            raise BackendError("no free sequence slot", hint="wait for a running request to finish")
+        sampler = self.make_sampler(params)
+        n_keep = common_prefix(slot.tokens, prompt)
+        if n_keep == len(prompt):
+            n_keep -= 1  # re-decode the last prompt token to get its logits
+        if n_keep < len(slot.tokens) and not self._swa_partial_ok:
+            n_keep = 0  # SWA cache without swa_full cannot roll back (positions already evicted)
+        if not self.C.llama_memory_seq_rm(self.mem, slot.seq_id, n_keep, -1):
+            n_keep = 0
+            self.C.llama_memory_seq_rm(self.mem, slot.seq_id, 0, -1)
+        del slot.tokens[n_keep:]
+        slot.busy = True
+        slot.last_used = time.monotonic()
+        # prefix caching: prime the sampler's penalty history with the reused prompt tokens
+        return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
+                          cached_tokens=n_keep, t_start=time.perf_counter())
+
+    def release(self, gen: Generation, *, keep_kv: bool = True) -> None:
+        """Free ``gen``'s slot. ``keep_kv`` keeps the KV of its tokens for prefix reuse; otherwise (a
+        cancelled request) its cells are freed at once."""
+        slot = gen.slot
+        if not slot.busy:
+            return
+        if keep_kv:
+            self.C.llama_memory_seq_rm(self.mem, slot.seq_id, len(slot.tokens), -1)  # drop anything unaccounted
+        else:
+            self.C.llama_memory_seq_rm(self.mem, slot.seq_id, 0, -1)
+            slot.tokens.clear()
+        if gen.sampler:
+            self.C.llama_sampler_free(gen.sampler)
+            gen.sampler = None
+        slot.busy = False
+        slot.last_used = time.monotonic()
+
+    def kv_cells_used(self) -> int:
+        return sum(len(s.tokens) for s in self.slots)
+
+    def step(self, gens: Sequence[Generation]) -> list[tuple[Generation, Chunk]]:
+        """One ``llama_decode`` over all running sequences; returns the chunks it produced.
+
+        Decode tokens go first (one per sequence that is generating), then prompt chunks of sequences
+        still prefilling, up to ``n_batch`` tokens in all.
+        """
+        C, batch = self.C, self._batch
+        n = 0
+        outputs: list[tuple[Generation, int]] = []
+        decoding: list[Generation] = []
+        for g in gens:
+            if g.done or g.prefilling or g.pending is None:
+                continue
+            decoding.append(g)
+            pos = len(g.slot.tokens)
+            batch.token[n], batch.pos[n], batch.n_seq_id[n] = g.pending, pos, 1
+            batch.seq_id[n][0], batch.logits[n] = g.slot.seq_id, 1
+            outputs.append((g, n))
+            n += 1
+        budget = self.n_batch - n
+        prefill: list[tuple[Generation, int]] = []
+        for g in gens:
+            if g.done or not g.prefilling or budget <= 0:
+                continue
+            take = min(budget, len(g.prompt) - g.n_prompt_done)
+            sid, pos0 = g.slot.seq_id, g.n_prompt_done
+            toks = g.prompt
+            for j in range(take):
+                batch.token[n], batch.pos[n], batch.n_seq_id[n] = toks[pos0 + j], pos0 + j, 1
+                batch.seq_id[n][0], batch.logits[n] = sid, 0
+                n += 1
+            budget -= take
+            prefill.append((g, take))
+            if pos0 + take == len(g.prompt):
+                batch.logits[n - 1] = 1
+                outputs.append((g, n - 1))
+        if n == 0:
+            return []
+        batch.n_tokens = n
+        rc = C.llama_decode(self.ctx, batch)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed (code {rc}): " + _last_errors(LlamaLog.since(-50)),
+                               hint="the KV cache is full or memory ran out; lower --parallel or --ctx")
+        # bookkeeping first: the KV now holds these tokens
+        for g, take in prefill:
+            g.slot.tokens.extend(g.prompt[g.n_prompt_done:g.n_prompt_done + take])
+            g.n_prompt_done += take
+        for g in decoding:
+            g.slot.tokens.append(g.pending)
+        events = []
+        now = time.perf_counter()
+        for g, idx in outputs:
+            if g.t_prefill_done == 0.0:
+                g.t_prefill_done = now
+            events.append((g, self._sample(g, idx, now)))
+        return events
+
+    def _sample(self, g: Generation, idx: int, now: float) -> Chunk:
+        C, p = self.C, g.params
+        lp = self._logprobs(idx, p.logprobs) if p.logprobs is not None else None
+        tok = C.llama_sampler_sample(g.sampler, self.ctx, idx)
+        if not g.generated:
+            g.t_first = now
+        g.generated.append(tok)
+        g.pending = tok
+        if self.is_eog(tok):
+            g.finish_reason = "stop"
+            return self._finish(g, tok)
+        piece = self.token_bytes(tok)
+        g.text += g.decoder.decode(piece)
+        if lp is not None:
+            lp = [self._token_logprob(tok, piece, lp)]
+        # stop strings: emit up to the stop, hold back a possible partial stop at the end
+        text, stops = g.text, p.stop
+        if stops:
+            lo = max(0, g.sent - max(len(s) for s in stops))
+            hits = [i for i in (text.find(s, lo) for s in stops if s) if i >= 0]
+            if hits:
+                cut = min(hits)
+                g.text = text[:cut]
+                g.finish_reason = "stop"
+                return self._finish(g, tok, lp)
+        if p.max_tokens is not None and len(g.generated) >= p.max_tokens:
+            g.finish_reason = "length"
+            return self._finish(g, tok, lp)
+        if len(g.slot.tokens) + 1 >= self.n_ctx:
+            g.finish_reason = "length"
+            return self._finish(g, tok, lp)
+        hold = _partial_stop_len(text, stops) if stops else 0
+        end = len(text) - hold
+        out = text[g.sent:end]
+        g.sent = max(g.sent, end)
+        return Chunk(text=out, token_id=tok, logprobs=lp)
+
+    def _finish(self, g: Generation, tok: int, lp=None) -> Chunk:
+        if g.finish_reason != "stop" or not self.is_eog(tok):
+            g.text += g.decoder.decode(b"", final=True)
+        out = g.text[g.sent:]
+        g.sent = len(g.text)
+        g.pending = None
+        return Chunk(text=out, token_id=tok, finish_reason=g.finish_reason, stats=g.stats(self.n_ctx), logprobs=lp)
+
+    def _logprobs(self, idx: int, top_n: int):
+        import numpy as np
+
+        ptr = self.C.llama_get_logits_ith(self.ctx, idx)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+        m = logits.max()
+        logz = m + math.log(np.exp(logits - m).sum())
+        logp = logits - logz
+        top = np.argsort(-logp)[:top_n] if top_n else []
+        return logp, [(int(t), float(logp[t])) for t in top]
+
+    def _token_logprob(self, tok: int, piece: bytes, lp) -> TokenLogprob:
+        logp, top = lp
+        return TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=float(logp[tok]),
+                            bytes=list(piece), top=[(self.detokenize([t]), v) for t, v in top])
+
+    # ------------------------------------------------------------------ single-stream API
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Iterator[Chunk]:
+        """Stream a completion of ``prompt`` on slot 0 (reusing its cached prefix).
+
+        Closing the generator early (Ctrl-C, a client gone) stops decoding; the KV of what was decoded
+        stays cached for the next turn.
+        """
+        tokens = self.tokenize(prompt, add_special=True, parse_special=False) if isinstance(prompt, str) else list(prompt)
+        return self._run(tokens, params)
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams,
+             tools: list[dict] | None = None) -> Iterator[Chunk]:
+        text = self.apply_chat_template(messages, tools=tools)
+        tokens = self.tokenize(text, add_special=True, parse_special=True)
+        return self._run(tokens, params)
+
+    def _run(self, tokens: list[int], params: SamplingParams) -> Iterator[Chunk]:
+        gen = self.start(tokens, params, slot=self.slots[0])
+        try:
+            while not gen.done:
+                for _, chunk in self.step([gen]):
+                    yield chunk
+        finally:
+            if not gen.done:
+                gen.cancelled = True
+            self.release(gen)
+
+    def close(self) -> None:
+        C = getattr(self, "C", None)
+        if C is None:
+            return
+        for s in getattr(self, "slots", []):
+            s.busy = False
+        if getattr(self, "_batch", None) is not None:
+            C.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "ctx", None):
+            C.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            C.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def _last_errors(lines: list[str]) -> str:
+    errs = [ln.strip() for ln in lines if any(w in ln.lower() for w in ("error", "failed", "unable", "cannot"))]
+    return "; ".join(errs[-3:]) or "no detail in llama.cpp's log"
+
+
+def _cpu_advertises_amx() -> bool:
+    if os.environ.get("LOCALRUN_ALLOW_AMX"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_tile" in f.read()
+    except OSError:
+        return False
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:  # pragma: no cover
+        return os.cpu_count() or 1

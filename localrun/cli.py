@@ -1,0 +1,72 @@
+"""The ``localrun`` command line: a thin Typer app. Parse → call the library → render.
+
+``main()`` turns every ``LocalrunError`` into ``error: …`` plus a hint and the error's exit code;
+a traceback appears only with ``LOCALRUN_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="localrun",
+    help="Run large language models on the hardware you already own.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+# one module per command; each has register(app)
+COMMAND_MODULES = [
+    "localrun.commands.chat",
+    "localrun.commands.hw",
+    "localrun.commands.inspect",
+]
+
+for _mod in COMMAND_MODULES:
+    importlib.import_module(_mod).register(app)
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        from localrun import __version__
+
+        typer.echo(f"localrun {__version__}")
+        raise typer.Exit()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    from localrun.errors import LocalrunError
+
+    try:
+        app(args=argv, standalone_mode=False)
+    except LocalrunError as e:
+        if os.environ.get("LOCALRUN_DEBUG"):
+            raise
+        from rich.console import Console
+
+        err = Console(stderr=True)
+        err.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        if e.hint:
+            err.print(f"[yellow]hint:[/] {e.hint}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    except Exception as e:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise

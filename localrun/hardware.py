@@ -1,0 +1,374 @@
+"""What this machine has: CPU, RAM, GPUs (NVIDIA through NVML, Apple unified memory), and the model disk.
+
+``probe_hardware()`` assembles a ``HardwareProfile`` from small probe functions. Each probe is a
+parameter, so tests (and ``localrun fit --vram 24GiB``) describe machines this box is not. Profiles
+round-trip through ``to_dict``/``from_dict`` (JSON). Sizes are bytes, bandwidths GB/s (10^9 B/s).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+GiB = 1 << 30
+
+
+@dataclass
+class CpuInfo:
+    model: str
+    arch: str  # x86_64, arm64, aarch64
+    physical_cores: int
+    logical_cores: int
+    simd: list[str] = field(default_factory=list)  # AVX, AVX2, AVX512F, FMA, F16C, NEON, …
+
+
+@dataclass
+class GpuInfo:
+    """One accelerator. ``unified`` GPUs (Apple) share RAM; their budget is ``working_set_bytes``."""
+
+    name: str
+    vendor: str  # nvidia | apple | amd | intel
+    backend: str  # cuda | metal | vulkan | rocm
+    total_bytes: int
+    free_bytes: int
+    index: int = 0
+    compute_capability: str | None = None
+    driver: str | None = None
+    unified: bool = False
+    working_set_bytes: int | None = None  # Apple: recommendedMaxWorkingSetSize or iogpu.wired_limit_mb
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a model may use on this GPU: free VRAM, or the Metal working-set budget on Apple."""
+        if self.unified and self.working_set_bytes:
+            return min(self.working_set_bytes, self.free_bytes)
+        return self.free_bytes
+
+
+@dataclass
+class DiskInfo:
+    path: str
+    total_bytes: int
+    free_bytes: int
+    kind: str = "unknown"  # nvme | ssd | hdd | unknown
+
+
+@dataclass
+class HardwareProfile:
+    cpu: CpuInfo
+    ram_total_bytes: int
+    ram_available_bytes: int
+    gpus: list[GpuInfo] = field(default_factory=list)
+    disk: DiskInfo | None = None
+    os: str = field(default_factory=platform.system)
+    label: str | None = None  # a preset's name, or None for the detected machine
+
+    @property
+    def is_apple_silicon(self) -> bool:
+        return any(g.unified and g.vendor == "apple" for g in self.gpus)
+
+    @property
+    def vram_total_bytes(self) -> int:
+        return sum(g.total_bytes for g in self.gpus if not g.unified)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HardwareProfile":
+        return cls(
+            cpu=CpuInfo(**d["cpu"]),
+            ram_total_bytes=int(d["ram_total_bytes"]),
+            ram_available_bytes=int(d["ram_available_bytes"]),
+            gpus=[GpuInfo(**g) for g in d.get("gpus", [])],
+            disk=DiskInfo(**d["disk"]) if d.get("disk") else None,
+            os=d.get("os", platform.system()),
+            label=d.get("label"),
+        )
+
+    def __rich__(self):
+        from rich.table import Table
+
+        t = Table(title=self.label or "This machine", show_header=True, header_style="bold")
+        t.add_column("component")
+        t.add_column("details")
+        c = self.cpu
+        t.add_row("CPU", f"{c.model} ({c.arch}), {c.physical_cores} cores / {c.logical_cores} threads"
+                  + (f", {' '.join(c.simd)}" if c.simd else ""))
+        t.add_row("RAM", f"{fmt_bytes(self.ram_total_bytes)} total, {fmt_bytes(self.ram_available_bytes)} available")
+        if not self.gpus:
+            t.add_row("GPU", "none detected (CPU inference)")
+        for g in self.gpus:
+            extra = []
+            if g.compute_capability:
+                extra.append(f"compute {g.compute_capability}")
+            if g.driver:
+                extra.append(f"driver {g.driver}")
+            if g.unified:
+                extra.append(f"unified memory; GPU working set {fmt_bytes(g.working_set_bytes or 0)}")
+            t.add_row(f"GPU {g.index}", f"{g.name} [{g.backend}] {fmt_bytes(g.total_bytes)} total, "
+                      f"{fmt_bytes(g.free_bytes)} free" + (f" ({', '.join(extra)})" if extra else ""))
+        if self.disk:
+            d = self.disk
+            t.add_row("Disk", f"{d.path}: {fmt_bytes(d.free_bytes)} free of {fmt_bytes(d.total_bytes)} ({d.kind})")
+        return t
+
+
+def fmt_bytes(n: float) -> str:
+    """Human size with binary units: 1536 → '1.5 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def parse_bytes(text: str) -> int:
+    """'24GiB', '24G', '16 GB', '512MiB', '1024' (bytes) → bytes. GB/G are read as GiB, as people mean them
+    for RAM and VRAM. Raises ValueError with the accepted forms."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a size; use e.g. 24GiB, 16GB, 512MiB")
+    num, unit = float(m.group(1)), m.group(2)
+    return int(num * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit])
+
+
+# ---------------------------------------------------------------------------------------------------
+# probes (each returns plain data and never raises for a missing device)
+# ---------------------------------------------------------------------------------------------------
+
+def probe_cpu() -> CpuInfo:
+    import psutil
+
+    arch = platform.machine().lower()
+    model = platform.processor() or arch
+    simd: list[str] = []
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        text = cpuinfo.read_text(errors="replace")
+        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+        if m:
+            model = m.group(1).strip()
+        fm = re.search(r"^(flags|Features)\s*:\s*(.+)$", text, re.M)
+        flags = set(fm.group(2).split()) if fm else set()
+        for flag, label in (("avx", "AVX"), ("avx2", "AVX2"), ("fma", "FMA"), ("f16c", "F16C"),
+                            ("avx512f", "AVX512F"), ("avx512_bf16", "AVX512_BF16"),
+                            ("avx512_vnni", "AVX512_VNNI"), ("avx_vnni", "AVX_VNNI"), ("amx_tile", "AMX"),
+                            ("asimd", "NEON"), ("sve", "SVE"), ("asimddp", "DOTPROD")):
+            if flag in flags:
+                simd.append(label)
+    elif platform.system() == "Darwin":
+        model = _sysctl("machdep.cpu.brand_string") or model
+        if arch in ("arm64", "aarch64"):
+            simd = ["NEON", "DOTPROD"]
+    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    logical = psutil.cpu_count(logical=True) or physical
+    return CpuInfo(model=model, arch=arch, physical_cores=physical, logical_cores=logical, simd=simd)
+
+
+def probe_memory() -> tuple[int, int]:
+    """(total, available) RAM in bytes."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.total), int(vm.available)
+
+
+def probe_nvidia() -> list[GpuInfo]:
+    """NVIDIA GPUs through NVML (nvidia-ml-py). [] when there is no driver or no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    gpus = []
+    try:
+        driver = _s(pynvml.nvmlSystemGetDriverVersion())
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+                cc = f"{major}.{minor}"
+            except Exception:
+                cc = None
+            gpus.append(GpuInfo(name=_s(pynvml.nvmlDeviceGetName(h)), vendor="nvidia", backend="cuda",
+                                total_bytes=int(mem.total), free_bytes=int(mem.free), index=i,
+                                compute_capability=cc, driver=driver))
+    except Exception:
+        pass
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return gpus
+
+
+def apple_working_set_bytes(ram_bytes: int, wired_limit_mb: int | None = None) -> int:
+    """Metal's GPU working-set budget on Apple Silicon.
+
+    ``iogpu.wired_limit_mb`` when the user set it (sysctl), else macOS's default
+    recommendedMaxWorkingSetSize: about 2/3 of RAM up to 32 GiB (inclusive), 3/4 above
+    (as measured by llama.cpp and mlx-lm users; ggml-metal reports the same value).
+    """
+    if wired_limit_mb:
+        return int(wired_limit_mb) << 20
+    return ram_bytes * 2 // 3 if ram_bytes <= 32 * GiB else ram_bytes * 3 // 4
+
+
+def probe_apple(ram_total: int, ram_available: int) -> list[GpuInfo]:
+    """Apple Silicon's GPU (Mac only; [] elsewhere). Lines below run only on macOS arm64."""
+    if platform.system() != "Darwin" or platform.machine() != "arm64":
+        return []
+    chip = _sysctl("machdep.cpu.brand_string") or "Apple Silicon"
+    wired = _sysctl("iogpu.wired_limit_mb")
+    ws = apple_working_set_bytes(ram_total, int(wired) if wired and wired.isdigit() else None)
+    return [GpuInfo(name=chip, vendor="apple", backend="metal", total_bytes=ram_total,
+                    free_bytes=ram_available, unified=True, working_set_bytes=ws)]
+
+
+def probe_disk(path: str | os.PathLike) -> DiskInfo:
+    """Free space and kind (nvme/ssd/hdd) of the filesystem holding ``path`` (created if missing)."""
+    import psutil
+
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    usage = psutil.disk_usage(str(p))
+    return DiskInfo(path=str(path), total_bytes=int(usage.total), free_bytes=int(usage.free),
+                    kind=_disk_kind(p))
+
+
+def _disk_kind(p: Path) -> str:
+    if platform.system() == "Darwin":
+        return "nvme"  # every Apple Silicon Mac boots from NVMe
+    try:
+        import psutil
+
+        best = None
+        for part in psutil.disk_partitions(all=False):
+            if str(p.resolve()).startswith(part.mountpoint) and (best is None or len(part.mountpoint) > len(best.mountpoint)):
+                best = part
+        if best is None:
+            return "unknown"
+        dev = Path(best.device).name
+        if dev.startswith("nvme"):
+            return "nvme"
+        base = re.sub(r"p?\d+$", "", dev) if not dev.startswith("nvme") else dev
+        rot = Path(f"/sys/block/{base}/queue/rotational")
+        if rot.exists():
+            return "hdd" if rot.read_text().strip() == "1" else "ssd"
+    except Exception:
+        pass
+    return "unknown"
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def probe_hardware(
+    models_dir: str | os.PathLike | None = None,
+    *,
+    cpu: Callable[[], CpuInfo] = probe_cpu,
+    memory: Callable[[], tuple[int, int]] = probe_memory,
+    nvidia: Callable[[], list[GpuInfo]] = probe_nvidia,
+    apple: Callable[[int, int], list[GpuInfo]] = probe_apple,
+    disk: Callable[[str], DiskInfo] = probe_disk,
+) -> HardwareProfile:
+    """Detect this machine. Every probe is replaceable (tests inject a 24 GB GPU or a 16 GB Mac)."""
+    total, avail = memory()
+    gpus = nvidia() + apple(total, avail)
+    if models_dir is None:
+        from localrun.config import get_settings
+
+        models_dir = get_settings().models_dir
+    return HardwareProfile(cpu=cpu(), ram_total_bytes=total, ram_available_bytes=avail, gpus=gpus,
+                           disk=disk(str(models_dir)))
+
+
+_AMX_PROBE = r"""
+import ctypes, mmap, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.syscall(158, 0x1023, 18):  # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+    sys.exit(3)
+import time
+load = bytes([0xC4, 0xE2, 0x78, 0x49, 0x07, 0xC3])      # ldtilecfg [rdi]; ret
+zero = bytes([0xC4, 0xE2, 0x7B, 0x49, 0xC0,            # tilezero tmm0
+              0xC4, 0xE2, 0x78, 0x49, 0xC0, 0xC3])      # tilerelease; ret
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(load + zero)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+cfg = (ctypes.c_uint8 * 64)()
+cfg[0] = 1                      # palette 1
+cfg[16], cfg[17] = 64, 0        # colsb[0] = 64 bytes
+cfg[48] = 16                    # rows[0] = 16
+fn(addr)(ctypes.addressof(cfg))
+for _ in range(5):              # let the scheduler switch us out: the tile state must survive it
+    time.sleep(0.01)
+fn(addr + len(load))(None)
+"""
+
+
+def amx_usable() -> bool:
+    """True when this CPU advertises AMX *and* executing an AMX instruction works.
+
+    Some virtual machines (seen on Firecracker guests) list ``amx_tile`` in /proc/cpuinfo and grant
+    ``ARCH_REQ_XCOMP_PERM``, yet fault on ``tilezero``; llama.cpp built with ``-march=native`` then dies
+    with SIGILL in its AMX matmul on the first multi-token batch. The check runs the instructions in a
+    child process (≈ 100 ms), with sleeps between loading the tile configuration and using it: on the
+    affected guests the configuration does not survive a context switch and only on CPUs that advertise AMX. The llama.cpp backend turns llama.cpp's
+    extra buffer types (AMX) off when this is False.
+    """
+    global _AMX_CACHE
+    if _AMX_CACHE is not None:
+        return _AMX_CACHE
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        _AMX_CACHE = False
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        flags = ""
+    if "amx_tile" not in flags:
+        _AMX_CACHE = False
+        return False
+    import sys
+
+    try:
+        rc = subprocess.run([sys.executable, "-c", _AMX_PROBE], capture_output=True, timeout=20).returncode
+    except Exception:
+        rc = 1
+    _AMX_CACHE = rc == 0
+    return _AMX_CACHE
+
+
+def amx_advertised_but_broken() -> bool:
+    """The CPU lists AMX but cannot run it (see ``amx_usable``)."""
+    try:
+        advertised = "amx_tile" in Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    return advertised and not amx_usable()
+
+
+_AMX_CACHE: bool | None = None
