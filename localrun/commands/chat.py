@@ -1,9 +1,108 @@
-"""`localrun chat [MODEL]` (filled in below)."""
+"""`localrun chat [MODEL]`: terminal chat that streams, remembers, shows TTFT and tok/s, and survives
+bad input and Ctrl-C. Piped stdin (`echo hi | localrun chat`) or --prompt: one answer, text only."""
 
 from __future__ import annotations
 
+import sys
+from typing import Optional
+
 import typer
+
+HELP = """\
+Commands:
+  /help              this help
+  /clear             forget the conversation (the system prompt stays)
+  /system TEXT       set the system prompt (no TEXT: show it)
+  /stats             statistics of the last answer and the session
+  /save FILE         save the conversation as JSON
+  /load FILE         load a conversation saved with /save
+  /exit, /bye        leave (Ctrl-D too)
+Input:
+  \"\"\" starts and ends a multi-line message; a line ending in \\ continues on the next line;
+  Esc then Enter inserts a newline. Up/Down recall earlier input.
+  Ctrl-C while the model answers stops that answer and keeps the session.
+"""
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("chat")
+    def chat(
+        model: Optional[str] = typer.Argument(None, help="A .gguf path or model name (default: the embedded SmolLM2-135M-Instruct)."),
+        prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Answer one prompt and exit."),
+        system: Optional[str] = typer.Option(None, "--system", help="System prompt (default: 'You are a helpful assistant.'; '' for the model's own)."),
+        temperature: float = typer.Option(0.8, "--temperature", "-t", min=0.0, help="0 = greedy."),
+        top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0),
+        top_k: int = typer.Option(40, "--top-k", min=0),
+        min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0),
+        repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", min=1, help="Cap on answer length, tokens."),
+        ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=16, help="Context window, tokens (default: the plan's)."),
+        n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help="Layers on the GPU (default: the plan's; -1 = all)."),
+        kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="llamacpp or mlx (default: the planner's choice)."),
+        raw: bool = typer.Option(False, "--raw", help="Plain text completion, no chat template (for base models)."),
+        chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chatml, llama3, gemma, mistral, phi3, or a Jinja file."),
+        context_policy: str = typer.Option("truncate-oldest", "--context-policy", help="When the context is full: stop, truncate-oldest, rolling."),
+        force: bool = typer.Option(False, "--force", help="Load even if the plan says it does not fit."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the plan and stats in one-shot mode."),
+    ) -> None:
+        """Chat with a model in the terminal."""
+        from localrun.backends.base import SamplingParams
+        from localrun.chat import DEFAULT_SYSTEM_PROMPT, ChatSession
+        from localrun.loading import load_model
+        from localrun.render import stderr
+
+        err = stderr()
+        interactive = prompt is None and sys.stdin.isatty()
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
+                                max_tokens=max_tokens, repeat_penalty=repeat_penalty)
+        if interactive:
+            with err.status("loading model…", spinner="dots") as st:
+                loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
+                                    kv_type=kv_type, chat_template=chat_template, force=force,
+                                    status=lambda t: st.update(t))
+        else:
+            loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type,
+                                chat_template=chat_template, force=force)
+        engine = loaded.engine
+        try:
+            if not raw and not engine.has_chat_template:
+                from localrun.errors import ChatTemplateError
+
+                raise ChatTemplateError(
+                    f"{engine.spec.name} has no chat template: it is a base model, and chatting with it "
+                    "would produce garbage",
+                    hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
+            sys_prompt = DEFAULT_SYSTEM_PROMPT if system is None else (system or None)
+            session = ChatSession(engine, params, system=sys_prompt, context_policy=context_policy)
+            if not interactive:
+                text = prompt if prompt is not None else sys.stdin.read()
+                _one_shot(session, text, raw, verbose, loaded)
+                return
+            from localrun.repl import Repl
+
+            Repl(session, loaded, raw=raw).run()
+        finally:
+            engine.close()
+
+
+def _one_shot(session, text: str, raw: bool, verbose: bool, loaded) -> None:
+    from localrun.errors import ConfigError
+    from localrun.render import stderr
+
+    if not text.strip():
+        raise ConfigError("the prompt is empty", hint="pass --prompt TEXT or pipe text on stdin")
+    stream = session.engine.generate(text, session.params) if raw else session.send(text.strip())
+    last = None
+    for chunk in stream:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if chunk.finish_reason:
+            last = chunk
+    if not raw or (last and not last.text.endswith("\n")):
+        sys.stdout.write("\n")
+    if verbose and last and last.stats:
+        from localrun.repl import stats_line
+
+        stderr().print(stats_line(last.stats), style="dim")

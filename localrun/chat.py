@@ -1,0 +1,174 @@
+"""The chat session: history, the context policy, slash commands, save/load. No rendering here.
+
+``ChatSession.send(text)`` yields ``Chunk``s from the engine and records the answer in the history
+(also a partial one, when the caller stops early: Ctrl-C keeps what was shown). Before each turn the
+prompt is measured in tokens; if it does not fit ``n_ctx`` minus the room reserved for the answer, the
+context policy decides:
+
+* ``stop`` — refuse the turn (ContextOverflowError); the history is untouched;
+* ``truncate-oldest`` (default) — drop the oldest user/assistant turns, keeping the system prompt;
+* ``rolling`` — drop the oldest messages one at a time and, if one message alone is too long, keep only
+  its most recent part (a rolling window over the conversation).
+
+What was dropped is reported in ``ChatSession.notices`` so the UI can show it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from localrun.backends.base import Chunk, Message, SamplingParams, Stats
+from localrun.errors import ConfigError, ContextOverflowError
+
+CONTEXT_POLICIES = ("stop", "truncate-oldest", "rolling")
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+@dataclass
+class ChatSession:
+    engine: object
+    params: SamplingParams
+    system: str | None = DEFAULT_SYSTEM_PROMPT
+    context_policy: str = "truncate-oldest"
+    messages: list[Message] = field(default_factory=list)  # user/assistant turns, no system
+    last_stats: Stats | None = None
+    notices: list[str] = field(default_factory=list)
+    turns: int = 0
+
+    def __post_init__(self) -> None:
+        if self.context_policy not in CONTEXT_POLICIES:
+            raise ConfigError(f"unknown context policy {self.context_policy!r}",
+                              hint=f"use one of: {', '.join(CONTEXT_POLICIES)}")
+
+    # ------------------------------------------------------------------ conversation
+    def _system_messages(self) -> list[Message]:
+        return [Message("system", self.system)] if self.system else []
+
+    def conversation(self) -> list[Message]:
+        return self._system_messages() + self.messages
+
+    def prompt_tokens(self, messages: list[Message]) -> int:
+        text = self.engine.apply_chat_template(messages)
+        return len(self.engine.tokenize(text, add_special=True, parse_special=True))
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Room kept free for the answer: max_tokens, capped at a quarter of the context."""
+        n_ctx = self.engine.n_ctx
+        want = self.params.max_tokens or 512
+        return max(16, min(want, n_ctx // 4))
+
+    def _fit(self, pending: list[Message]) -> list[Message]:
+        """Apply the context policy to ``pending`` (the history plus the new user message)."""
+        budget = self.engine.n_ctx - self.reserve_tokens
+        sys_msgs = self._system_messages()
+        n = self.prompt_tokens(sys_msgs + pending)
+        if n <= budget:
+            return pending
+        if self.context_policy == "stop":
+            raise ContextOverflowError(n, self.engine.n_ctx,
+                                       hint="/clear the history, raise --ctx, or use --context-policy truncate-oldest")
+        dropped = 0
+        msgs = list(pending)
+        if self.context_policy == "truncate-oldest":
+            while len(msgs) > 1 and n > budget:
+                # drop the oldest turn: a user message and the answer that follows it
+                k = 2 if len(msgs) > 2 and msgs[1].role == "assistant" else 1
+                del msgs[:k]
+                dropped += k
+                n = self.prompt_tokens(sys_msgs + msgs)
+        else:  # rolling
+            while len(msgs) > 1 and n > budget:
+                del msgs[0]
+                dropped += 1
+                n = self.prompt_tokens(sys_msgs + msgs)
+            if n > budget:  # one message alone is too long: keep its most recent tokens
+                m = msgs[0]
+                toks = self.engine.tokenize(m.content, add_special=False)
+                over = n - budget
+                msgs[0] = Message(m.role, self.engine.detokenize(toks[over + 8:]))
+                n = self.prompt_tokens(sys_msgs + msgs)
+                self.notices.append(f"context full: kept only the last {len(toks) - over - 8} tokens of your message")
+        if n > budget:
+            raise ContextOverflowError(n, self.engine.n_ctx,
+                                       hint="this message alone is longer than the context; raise --ctx or shorten it")
+        if dropped:
+            self.notices.append(f"context full: dropped the {dropped} oldest message(s) to fit {self.engine.n_ctx} tokens "
+                                f"(policy {self.context_policy}; the system prompt is kept)")
+        return msgs
+
+    def send(self, text: str) -> Iterator[Chunk]:
+        """Add a user message and stream the answer. The answer (even a partial one) joins the history.
+
+        Raises ContextOverflowError (policy ``stop``, or a single over-long message) before anything
+        changes; ChatTemplateError when the model has no chat template.
+        """
+        self.notices.clear()
+        pending = self._fit(self.messages + [Message("user", text)])
+        answer: list[str] = []
+        finished = False
+        try:
+            for chunk in self.engine.chat(self._system_messages() + pending, self.params):
+                answer.append(chunk.text)
+                if chunk.finish_reason:
+                    self.last_stats = chunk.stats
+                    finished = True
+                    if chunk.finish_reason == "length" and chunk.stats and \
+                            chunk.stats.n_ctx_used + 1 >= chunk.stats.n_ctx:
+                        self.notices.append("the answer stopped because the context window is full")
+                yield chunk
+        finally:
+            # keep the turn even when interrupted (Ctrl-C): the user saw this text
+            self.messages = pending + [Message("assistant", "".join(answer))]
+            self.turns += 1
+            if not finished:
+                self.notices.append("interrupted: the partial answer is kept in the history")
+
+    # ------------------------------------------------------------------ commands
+    def clear(self) -> None:
+        self.messages.clear()
+        self.last_stats = None
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the conversation as JSON, atomically (a temp file renamed into place)."""
+        p = Path(path).expanduser()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        data = {"format": "localrun-chat/1", "model": getattr(self.engine, "model_path", None),
+                "system": self.system, "messages": [m.to_dict() for m in self.messages]}
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
+        os.replace(tmp, p)
+        return p
+
+    def load(self, path: str | os.PathLike) -> int:
+        """Replace the conversation with one saved by ``save`` (or a plain list of messages).
+
+        Raises ConfigError for a missing or malformed file; the current history is kept then.
+        """
+        p = Path(path).expanduser()
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"no such file: {p}", hint="/save FILE writes one") from None
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{p} is not a saved chat ({e})") from None
+        raw = data.get("messages") if isinstance(data, dict) else data
+        if not isinstance(raw, list):
+            raise ConfigError(f"{p} has no 'messages' list")
+        msgs, system = [], data.get("system", self.system) if isinstance(data, dict) else self.system
+        for m in raw:
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
+                    or not isinstance(m.get("content"), str):
+                raise ConfigError(f"{p}: each message needs a role (system/user/assistant) and text content")
+            if m["role"] == "system":
+                system = m["content"]
+            else:
+                msgs.append(Message(m["role"], m["content"]))
+        self.messages, self.system = msgs, system
+        return len(msgs)

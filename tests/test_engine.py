@@ -1,0 +1,119 @@
+"""The llama.cpp engine on the real SmolLM2 and Gemma-3 files: answers, history, stops, errors."""
+
+import pytest
+
+from localrun.backends.base import Message, SamplingParams
+from localrun.chat import ChatSession
+from localrun.errors import ChatTemplateError, ContextOverflowError, TruncatedModelError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40)
+SYSTEM = "You are a helpful assistant."
+
+
+def _text(stream):
+    return "".join(c.text for c in stream)
+
+
+def test_capital_of_france(smollm_engine):
+    out = _text(smollm_engine.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
+    assert "Paris" in out
+
+
+def test_history_carries_across_turns(smollm_engine):
+    s = ChatSession(smollm_engine, SamplingParams(temperature=0, max_tokens=30), system=SYSTEM)
+    assert "Paris" in _text(s.send("What is the capital of France?"))
+    first_prompt = s.last_stats.prompt_tokens
+    second = _text(s.send("What is its population?"))
+    # "its" only resolves to Paris through the history
+    assert "Paris" in second
+    assert s.last_stats.prompt_tokens > first_prompt
+    assert s.last_stats.cached_tokens >= first_prompt  # the earlier turn's KV was reused, not prefilled again
+    assert [m.role for m in s.messages] == ["user", "assistant", "user", "assistant"]
+    # without the history the same question does not mention Paris
+    fresh = ChatSession(smollm_engine, SamplingParams(temperature=0, max_tokens=30), system=SYSTEM)
+    assert "Paris" not in _text(fresh.send("What is its population?"))
+
+
+def test_streaming_equals_whole_and_is_deterministic(smollm_engine):
+    msgs = [Message("system", SYSTEM), Message("user", "Name three colors.")]
+    chunks = list(smollm_engine.chat(msgs, GREEDY))
+    assert len(chunks) > 3 and chunks[-1].finish_reason in ("stop", "length")
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert "".join(c.text for c in chunks) == _text(smollm_engine.chat(msgs, GREEDY))
+    st = chunks[-1].stats
+    assert st.completion_tokens == len(chunks) and st.ttft_s > 0 and st.decode_tok_s > 0
+
+
+def test_stop_strings_and_max_tokens(smollm_engine):
+    full = _text(smollm_engine.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=60)))
+    word = full.split()[5]
+    cut = _text(smollm_engine.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=60, stop=[word])))
+    assert word not in cut and full.startswith(cut)
+    chunks = list(smollm_engine.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=5)))
+    assert chunks[-1].finish_reason == "length" and chunks[-1].stats.completion_tokens == 5
+
+
+def test_seeded_sampling_is_reproducible(smollm_engine):
+    p = SamplingParams(temperature=1.0, seed=1234, max_tokens=20)
+    assert _text(smollm_engine.generate("The weather today", p)) == _text(smollm_engine.generate("The weather today", p))
+
+
+def test_closing_the_stream_early_keeps_the_engine_usable(smollm_engine):
+    stream = smollm_engine.generate("Write a long story about a dragon.", SamplingParams(temperature=0, max_tokens=200))
+    next(stream)
+    stream.close()  # what Ctrl-C does
+    assert not smollm_engine.slots[0].busy
+    assert "Paris" in _text(smollm_engine.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
+
+
+def test_context_overflow_is_a_typed_error(smollm_engine):
+    with pytest.raises(ContextOverflowError) as e:
+        list(smollm_engine.generate("word " * 3000, GREEDY))
+    assert e.value.n_ctx == smollm_engine.n_ctx
+
+
+def test_context_policy_truncate_oldest(smollm_path):
+    from localrun.backends import load_engine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    eng = load_engine(smollm_path, simple_plan(read_gguf(smollm_path), n_ctx=256))
+    try:
+        s = ChatSession(eng, SamplingParams(temperature=0, max_tokens=24), system=SYSTEM)
+        for i in range(8):
+            _text(s.send(f"Tell me a fact about the number {i}."))
+        assert any("dropped" in n for n in s.notices) or len(s.messages) < 16
+        assert s.prompt_tokens(s.conversation()) <= eng.n_ctx
+        stop = ChatSession(eng, SamplingParams(temperature=0, max_tokens=24), system=SYSTEM,
+                           context_policy="stop", messages=list(s.messages))
+        before = list(stop.messages)
+        with pytest.raises(ContextOverflowError):
+            _text(stop.send("word " * 200))
+        assert stop.messages == before  # nothing lost
+    finally:
+        eng.close()
+
+
+def test_gemma_base_model_has_no_template_and_raw_works(gemma_path):
+    from localrun.backends import load_engine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    eng = load_engine(gemma_path, simple_plan(read_gguf(gemma_path), n_ctx=1024))
+    try:
+        assert not eng.has_chat_template
+        with pytest.raises(ChatTemplateError) as e:
+            list(eng.chat([Message("user", "hi")], GREEDY))
+        assert "--raw" in e.value.hint
+        out = _text(eng.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=12)))
+        assert len(out.split()) >= 3
+    finally:
+        eng.close()
+
+
+def test_truncated_weights_refused_before_loading(deepseek_header_path):
+    from localrun.backends import load_engine
+    from localrun.offload.plan import Plan
+
+    with pytest.raises(TruncatedModelError):
+        load_engine(deepseek_header_path, Plan(n_ctx=512))
