@@ -2,12 +2,17 @@
 
 The backends read only the *load* fields; the *prediction* fields are for `fit`, `bench` and the
 refusal message when a plan does not fit. ``simple_plan`` is the foundation's rule (all layers on
-the GPU when llama.cpp has GPU offload, else CPU); the full search lives in ``plan_model``.
+the GPU when llama.cpp has GPU offload, else CPU). ``evaluate`` computes one configuration's memory per
+tier, fit and speed (formulas in ``memory.py``/``speed.py``); ``plan_model`` searches n_gpu_layers, the
+MoE experts on the CPU and the KV type for one quantization; ``plan_for_run`` is what chat/serve load and
+``check_fits`` refuses a plan that does not fit. Choosing among quantizations is ``choose.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from localrun.errors import ConfigError, InsufficientMemoryError
 
 
 @dataclass
@@ -44,6 +49,20 @@ class Plan:
     decode_tok_s: float = 0.0
     fits: bool = True
     reasons: list[str] = field(default_factory=list)
+    # --- planner detail (bytes) ---
+    n_cpu_moe: int = 0  # layers whose MoE expert tensors stay on the CPU (llama.cpp --n-cpu-moe)
+    ram_anon_bytes: int = 0  # RAM that cannot be paged out: KV/buffers on the CPU, runtime, unmapped weights
+    page_cache_bytes: int = 0  # mmapped weights resident in RAM
+    rss_bytes: int = 0  # predicted process RSS after load (compute buffers reserved but untouched)
+    weights_gpu_bytes: int = 0
+    weights_cpu_bytes: int = 0
+    kv_gpu_bytes: int = 0
+    vram_budget_bytes: int = 0
+    ram_budget_bytes: int = 0
+    speed_source: str = ""
+    kv_cells: dict = field(default_factory=dict)
+    source: str = ""  # fit: "file" | "catalog" | "other quantization (not downloaded)"
+    quality_kld: float | None = None  # fit: published mean KL-divergence of the quantization
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,3 +82,283 @@ def simple_plan(spec, hardware=None, *, n_ctx: int | None = None, n_gpu_layers: 
     return Plan(n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads, n_threads_batch=threads, model=spec.name,
                 quant=spec.file_type, n_layers=spec.n_layer, weights_bytes=spec.tensor_bytes,
                 reasons=reasons, **overrides)
+
+
+# ------------------------------------------------------------------------------------------------
+# evaluation of one configuration
+# ------------------------------------------------------------------------------------------------
+
+OS_RESERVE_BYTES = 1 << 30  # RAM a preset machine keeps for the OS and other programs
+VRAM_MARGIN = 0.05  # of usable VRAM, for fragmentation and what the estimate cannot see
+
+
+def _gib(n: float) -> str:
+    from localrun.hardware import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def _budgets(hw) -> tuple[int, int]:
+    """(usable VRAM bytes of GPU 0 after the margin, usable RAM bytes)."""
+    vram = 0
+    if hw is not None and hw.gpus:
+        g = hw.gpus[0]
+        vram = int(g.usable_bytes * (1 - VRAM_MARGIN))
+    ram = hw.ram_available_bytes if hw is not None else 1 << 62
+    return vram, ram
+
+
+def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16", n_gpu_layers: int = 0,
+             n_cpu_moe: int = 0, flash_attn: bool | None = None, use_mmap: bool = True, n_ubatch: int = 512,
+             n_batch: int = 512, backend: str = "llamacpp", measurement: dict | None = None,
+             offload_kqv: bool = True) -> Plan:
+    """Memory per tier, fits, and predicted speed of ONE configuration (no search).
+
+    Tiers: VRAM (GPU 0; Apple: the Metal working set inside RAM); RAM as anonymous memory (KV and
+    buffers on the CPU, runtime, weights when mmap is off) plus page cache for mmapped weights; and
+    disk-backed pages: mmapped weights that do not fit in RAM and are re-read from disk every token.
+    """
+    from localrun.offload import memory as M
+    from localrun.offload import speed as S
+
+    kv_type = kv_type.lower()
+    if kv_type not in M.KV_TYPES:
+        raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
+    n_layer = spec.n_layer
+    gpu = hw.gpus[0] if hw is not None and hw.gpus and n_gpu_layers != 0 else None
+    ngl = n_gpu_layers if gpu is not None else 0
+    ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
+    # flash attention: AUTO resolves to on where the backend has it; quantized V requires it
+    fa = True if flash_attn is None or kv_type not in ("f16", "f32", "bf16") else bool(flash_attn)
+    kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch)
+    gpu_set = set(ws.gpu_layers)
+    kv_gpu = sum(kv.layer_bytes(il) for il in gpu_set) if (gpu is not None and offload_kqv) else 0
+    kv_cpu = kv.bytes - kv_gpu
+    compute = M.compute_buffer_bytes(spec, kv.n_ctx_seq, n_ubatch=n_ubatch, flash_attn=fa, n_parallel=n_parallel)
+    full_offload = gpu is not None and len(gpu_set) == n_layer and ws.output_on_gpu and not ws.cpu_expert_bytes
+    compute_gpu = compute if gpu is not None else 0
+    compute_cpu = n_ubatch * spec.n_embd * 4 * 2 if full_offload else compute
+    unified = gpu is not None and gpu.unified
+    driver_vram = M.CUDA_CONTEXT_VRAM_BYTES if (gpu is not None and gpu.backend == "cuda") else 0
+    driver_host = M.CUDA_CONTEXT_HOST_BYTES if (hw is not None and any(g.backend == "cuda" for g in hw.gpus)) else 0
+    vram = ws.gpu_bytes + kv_gpu + compute_gpu + driver_vram if gpu is not None else 0
+    output = M.output_buffer_bytes(spec, n_parallel)
+    anon = (kv_cpu + compute_cpu + output + M.model_host_overhead_bytes(spec) + M.CONTEXT_HOST_BASE_BYTES
+            + M.RUNTIME_BASE_BYTES + driver_host + (0 if use_mmap else ws.cpu_bytes))
+    page_cache = ws.cpu_bytes if use_mmap else 0
+    vram_budget, ram_budget = _budgets(hw)
+    ram_for_host = ram_budget - (vram if unified else 0)
+    disk_backed = max(0, min(page_cache, anon + page_cache - ram_for_host))
+    fits = anon <= ram_for_host and (gpu is None or vram <= vram_budget)
+    if not use_mmap and anon > ram_for_host:
+        fits = False
+    # --- speed ---
+    meas = measurement
+    tiers = {"cpu": S.cpu_tier(hw, meas) if hw is not None else S.Tier("cpu", 20.0, 100.0)}
+    if gpu is not None:
+        tiers["gpu"] = S.gpu_tier(gpu)
+    tiers["disk"] = S.disk_tier(hw.disk.kind if hw is not None and hw.disk else None)
+    rd = _read_per_token(spec, ws, gpu_set, ws.output_on_gpu, n_cpu_moe)
+    frac_disk = disk_backed / page_cache if page_cache else 0.0
+    kv_read = kv.bytes * 0.5 / max(1, n_parallel)  # one sequence, context half full on average
+    kv_read_gpu = kv_read * (kv_gpu / kv.bytes) if kv.bytes else 0.0
+    bytes_tier = {"gpu": rd["gpu"] + kv_read_gpu, "cpu": rd["cpu"] * (1 - frac_disk) + kv_read - kv_read_gpu,
+                  "disk": rd["cpu"] * frac_disk}
+    params_tier = {"gpu": rd["gpu_params"], "cpu": rd["cpu_params"]}
+    decode = S.decode_tok_s(bytes_tier, tiers)
+    prefill = S.prefill_tok_s(params_tier, tiers)
+    quant = spec.file_type
+    plan = Plan(backend=backend, n_ctx=kv.n_ctx_seq, n_parallel=n_parallel,
+                n_gpu_layers=(n_layer + 1 if ngl < 0 else ngl), n_batch=n_batch, n_ubatch=n_ubatch,
+                n_threads=hw.cpu.physical_cores if hw is not None else None,
+                n_threads_batch=hw.cpu.physical_cores if hw is not None else None, kv_type=kv_type,
+                flash_attn=flash_attn, use_mmap=use_mmap, offload_kqv=offload_kqv,
+                model=spec.name, quant=quant, n_layers=n_layer, weights_bytes=spec.tensor_bytes,
+                kv_cache_bytes=kv.bytes, compute_bytes=compute, vram_bytes=vram,
+                ram_bytes=anon + page_cache - disk_backed, disk_backed_bytes=disk_backed,
+                prefill_tok_s=prefill, decode_tok_s=decode, fits=fits)
+    plan.n_cpu_moe = n_cpu_moe
+    plan.ram_anon_bytes = anon
+    plan.page_cache_bytes = page_cache - disk_backed
+    plan.rss_bytes = anon - compute_cpu + min(compute_cpu, M.MiB) + page_cache - disk_backed
+    plan.weights_gpu_bytes = ws.gpu_bytes
+    plan.weights_cpu_bytes = ws.cpu_bytes
+    plan.kv_gpu_bytes = kv_gpu
+    plan.vram_budget_bytes = vram_budget
+    plan.ram_budget_bytes = ram_for_host
+    plan.speed_source = tiers["cpu"].source if (gpu is None or rd["cpu"] > 0) else tiers["gpu"].source
+    plan.kv_cells = {p.name: p.cells for p in kv.parts}
+    plan.reasons = _reasons(plan, spec, hw, gpu, ws, kv, tiers, unified)
+    return plan
+
+
+def _read_per_token(spec, ws, gpu_set, out_gpu: bool, n_cpu_moe: int) -> dict[str, float]:
+    """Weight bytes (and parameters) one decoded token reads per tier: every dense tensor, the used
+    fraction of expert tensors, and of the token embeddings only one row (get_rows)."""
+    frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
+    has_output = any(t.name == "output.weight" for t in spec.tensors)
+    out = {"gpu": 0.0, "cpu": 0.0, "gpu_params": 0.0, "cpu_params": 0.0}
+    for t in spec.tensors:
+        il = t.layer
+        f = frac if "_exps" in t.name else 1.0
+        if il is not None:
+            where = "gpu" if (il in gpu_set and not ("_exps" in t.name and il < n_cpu_moe)) else "cpu"
+        elif t.name.startswith("output"):
+            where = "gpu" if out_gpu else "cpu"
+        elif t.name == "token_embd.weight" and not has_output:  # tied: read fully as the output layer
+            where = "gpu" if out_gpu else "cpu"
+        else:
+            continue
+        out[where] += t.n_bytes * f
+        out[where + "_params"] += t.n_elements * f
+    return out
+
+
+def _reasons(plan: Plan, spec, hw, gpu, ws, kv, tiers, unified: bool) -> list[str]:
+    r: list[str] = []
+    n_layer = spec.n_layer
+    if gpu is None:
+        r.append("CPU only: " + ("no GPU on this machine" if not (hw and hw.gpus) else "no layers on the GPU"))
+    else:
+        k = len(ws.gpu_layers)
+        where = f"{gpu.name} ({'Metal working set' if unified else 'VRAM'} {_gib(plan.vram_budget_bytes)} usable)"
+        if k == n_layer and ws.output_on_gpu:
+            r.append(f"all {n_layer} layers + output on the GPU: {where}")
+        else:
+            r.append(f"{k} of {n_layer} layers on the GPU{' + output' if ws.output_on_gpu else ''}, "
+                     f"{n_layer - k} on the CPU: {where}")
+        if plan.n_cpu_moe:
+            r.append(f"MoE experts of the first {plan.n_cpu_moe} layers stay on the CPU "
+                     f"({_gib(ws.cpu_expert_bytes)}); attention and dense weights go to the GPU first")
+    cells = ", ".join(f"{p.cells} cells × {p.n_layers} layers" + (" (SWA)" if p.name == "kv_swa" else "")
+                      for p in kv.parts)
+    r.append(f"KV cache {_gib(kv.bytes)} ({plan.kv_type}; {cells}; {plan.n_parallel} sequence(s))")
+    if plan.page_cache_bytes or plan.disk_backed_bytes:
+        r.append(f"{_gib(ws.cpu_bytes)} of weights on the CPU are mmapped (page cache, reclaimable)")
+    if plan.disk_backed_bytes:
+        kind = hw.disk.kind if hw is not None and hw.disk else "disk"
+        r.append(f"disk-backed: {_gib(plan.disk_backed_bytes)} of the weights do not fit in RAM and are read "
+                 f"from the {kind} every token (decode ≈ {plan.decode_tok_s:.2f} tok/s)")
+    if not plan.fits:
+        if gpu is not None and plan.vram_bytes > plan.vram_budget_bytes:
+            r.append(f"does not fit: needs {_gib(plan.vram_bytes)} VRAM, {_gib(plan.vram_budget_bytes)} usable")
+        else:
+            r.append(f"does not fit: needs {_gib(plan.ram_anon_bytes)} RAM that cannot be paged out, "
+                     f"{_gib(plan.ram_budget_bytes)} available")
+    if tiers["cpu"].source.startswith("measured"):
+        r.append(f"CPU speed from a measurement: {tiers['cpu'].source}")
+    return r
+
+
+# ------------------------------------------------------------------------------------------------
+# search for one quantization
+# ------------------------------------------------------------------------------------------------
+
+def plan_model(spec, hw, *, n_ctx: int | None = None, n_parallel: int = 1, kv_type: str | None = None,
+               flash_attn: bool | None = None, n_gpu_layers: int | None = None, use_mmap: bool = True,
+               backend: str = "llamacpp", measurement: dict | None = None,
+               gpu_offload_supported: bool = True) -> Plan:
+    """The best configuration of ``spec`` on ``hw``: the most layers on the GPU that fit (MoE: expert
+    tensors move to the CPU before any layer does), f16 KV unless q8_0 is what lets it fit or keeps more
+    layers on the GPU. ``n_ctx`` defaults to min(4096, training context). Flags given are kept as is."""
+    ctx = int(n_ctx or min(4096, spec.n_ctx_train or 4096))
+    kw = dict(n_ctx=ctx, n_parallel=n_parallel, flash_attn=flash_attn, use_mmap=use_mmap, backend=backend,
+              measurement=measurement)
+    kv_choices = [kv_type] if kv_type else ["f16", "q8_0"]
+    has_gpu = bool(hw is not None and hw.gpus) and gpu_offload_supported
+    best: Plan | None = None
+    for kvt in kv_choices:
+        if n_gpu_layers is not None or not has_gpu:
+            p = evaluate(spec, hw, kv_type=kvt, n_gpu_layers=(n_gpu_layers or 0) if has_gpu else 0, **kw)
+        else:
+            p = _search_gpu(spec, hw, kvt, kw)
+        if best is None or _better(p, best):
+            if best is not None:
+                p.reasons.append(f"KV cache {kvt}: f16 would put {best.n_gpu_layers} layers on the GPU"
+                                 + ("" if best.fits else " and not fit"))
+            best = p
+        if best.fits and (not has_gpu or best.n_gpu_layers >= spec.n_layer + 1) and not best.disk_backed_bytes:
+            break
+    if not has_gpu and hw is not None and hw.gpus:
+        best.reasons.insert(0, "CPU only: this llama.cpp build has no GPU offload")
+    return best
+
+
+def _better(a: Plan, b: Plan) -> bool:
+    """Fits beats not; then no disk-backed pages; then more layers on the GPU; then fewer experts on CPU."""
+    ka = (a.fits, not a.disk_backed_bytes, a.n_gpu_layers, -a.n_cpu_moe)
+    kb = (b.fits, not b.disk_backed_bytes, b.n_gpu_layers, -b.n_cpu_moe)
+    return ka > kb
+
+
+def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
+    n_layer = spec.n_layer
+    full = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=n_layer + 1, **kw)
+    if full.fits:
+        return full
+    if spec.n_expert:  # experts of the first N layers to the CPU, everything else on the GPU
+        lo, hi = 1, n_layer
+        cand = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=n_layer + 1, n_cpu_moe=n_layer, **kw)
+        if cand.fits:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=n_layer + 1, n_cpu_moe=mid, **kw).fits:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=n_layer + 1, n_cpu_moe=lo, **kw)
+    lo, hi = 0, n_layer  # largest n_gpu_layers that fits (VRAM grows with it)
+    ncm = n_layer if spec.n_expert else 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=mid, n_cpu_moe=ncm, **kw).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    p = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=lo, n_cpu_moe=ncm, **kw)
+    if lo < n_layer + 1 and p.fits:
+        nxt = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=lo + 1, n_cpu_moe=ncm, **kw)
+        extra = nxt.vram_bytes - p.vram_bytes
+        p.reasons.insert(1, f"one more layer needs {_gib(extra)} more VRAM (weights + its KV for "
+                         f"{p.n_ctx}-token context): {_gib(nxt.vram_bytes)} > {_gib(p.vram_budget_bytes)} usable")
+    return p
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan that runs
+# ------------------------------------------------------------------------------------------------
+
+def plan_for_run(spec, hardware, *, n_ctx: int | None = None, n_parallel: int = 1, kv_type: str | None = None,
+                 n_gpu_layers: int | None = None, flash_attn: bool | None = None, backend: str = "llamacpp",
+                 gpu_offload_supported: bool = True, measurement: dict | None = "auto") -> Plan:
+    """The Plan chat/serve load: the planner's choice for ``spec`` on ``hardware``, with every flag given
+    overriding it. ``n_ctx`` defaults to min(4096, training context); ``n_gpu_layers`` uses llama.cpp's
+    meaning (-1 = all). The plan carries ``fits`` and ``reasons``; pass it to ``check_fits`` before loading.
+    ``measurement="auto"`` reads measurements.json (``<backend>/cpu``) for the speed prediction."""
+    if measurement == "auto":
+        from localrun.measurements import get_measurement
+
+        measurement = get_measurement(backend, "cpu")
+    if n_gpu_layers is not None and n_gpu_layers < 0:
+        n_gpu_layers = spec.n_layer + 1
+    return plan_model(spec, hardware, n_ctx=n_ctx, n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn,
+                      n_gpu_layers=n_gpu_layers, backend=backend, measurement=measurement,
+                      gpu_offload_supported=gpu_offload_supported)
+
+
+def check_fits(plan: Plan, force: bool = False) -> None:
+    """Raise InsufficientMemoryError (with the numbers and the fix) when ``plan`` does not fit, unless
+    ``force``. A plan with disk-backed pages fits (slowly); the reasons say so."""
+    if plan.fits or force:
+        return
+    if plan.vram_budget_bytes and plan.vram_bytes > plan.vram_budget_bytes:
+        needed, avail, what = plan.vram_bytes, plan.vram_budget_bytes, "VRAM"
+    else:
+        needed, avail, what = plan.ram_anon_bytes, plan.ram_budget_bytes, "RAM"
+    raise InsufficientMemoryError(
+        f"{plan.model} {plan.quant} with a {plan.n_ctx}-token context ({plan.kv_type} KV, {plan.n_parallel} "
+        f"sequence(s)) needs {_gib(needed)} of {what}; {_gib(avail)} is available "
+        f"(KV cache {_gib(plan.kv_cache_bytes)}, compute buffers {_gib(plan.compute_bytes)})",
+        needed_bytes=needed, available_bytes=avail,
+        hint=f"use a smaller quantization, a shorter context (--ctx {max(512, plan.n_ctx // 4)}), "
+        "--kv-type q8_0, fewer --n-gpu-layers, or --force to load anyway")

@@ -1,0 +1,197 @@
+"""`localrun fit [MODEL]`: will it run here, how, and how fast. Never imports a backend (< 0.5 s)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fit")
+    def fit(
+        model: Optional[str] = typer.Argument(None, help="GGUF path, models.toml name (NAME or NAME:QUANT), "
+                                              "or nothing for the embedded default."),
+        ctx: Optional[int] = typer.Option(None, "--ctx", help="Context per sequence, tokens."),
+        parallel: int = typer.Option(1, "--parallel", help="Sequences decoded together (serve)."),
+        kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
+        flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention."),
+        vram: Optional[str] = typer.Option(None, "--vram", help="Describe another machine: GPU memory, e.g. 24GiB."),
+        ram: Optional[str] = typer.Option(None, "--ram", help="System RAM, e.g. 64GiB."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name, e.g. 'RTX 4090' or 'Apple M3 Max'."),
+        disk: Optional[str] = typer.Option(None, "--disk", help="Model disk: nvme, ssd or hdd."),
+        preset: Optional[str] = typer.Option(None, "--preset", help="A named machine (nvidia-12gb, mac-36gb, "
+                                             "laptop-16gb, …)."),
+        goal: str = typer.Option("balanced", "--goal", help="balanced, quality, speed or context."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Plan a model for this (or another) machine: quantization, GPU layers, context, KV type, memory
+        per tier (VRAM, RAM, disk-backed pages) and predicted speed. Exit 0 when it fits, 1 when not."""
+        code = run_fit(model, ctx=ctx, parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, vram=vram,
+                       ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out)
+        if code:
+            raise SystemExit(code)  # click swallows typer.Exit when standalone_mode=False
+
+
+def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
+    """The HardwareProfile to plan for: a preset, else the detected machine, with --vram/--ram/--gpu/--disk
+    applied on top. Raises ConfigError for a bad size or disk kind."""
+    from localrun.errors import ConfigError
+    from localrun.hardware import DiskInfo, GpuInfo, apple_working_set_bytes, parse_bytes, probe_hardware
+
+    if preset:
+        from localrun.presets import get_preset
+
+        hw = get_preset(preset)
+    else:
+        hw = probe_hardware()
+    try:
+        ram_b = parse_bytes(ram) if ram else None
+        vram_b = parse_bytes(vram) if vram else None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if ram_b:
+        hw.ram_total_bytes, hw.ram_available_bytes = ram_b, max(ram_b - (2 << 30), ram_b * 3 // 4)
+        hw.label = (hw.label or "this machine") + f", RAM {ram}"
+    if vram_b is not None or gpu:
+        name = gpu or (hw.gpus[0].name if hw.gpus else "GPU")
+        apple = "apple" in name.lower() or name.lower().startswith("m1") or name.lower().startswith("m2") \
+            or name.lower().startswith("m3") or name.lower().startswith("m4")
+        if apple:
+            if not name.lower().startswith("apple"):
+                name = "Apple " + name
+            total = hw.ram_total_bytes
+            hw.gpus = [GpuInfo(name=name, vendor="apple", backend="metal", total_bytes=total,
+                               free_bytes=hw.ram_available_bytes, unified=True,
+                               working_set_bytes=apple_working_set_bytes(total))]
+        else:
+            if vram_b is None:
+                vram_b = hw.gpus[0].total_bytes if hw.gpus else 0
+            hw.gpus = [GpuInfo(name=name, vendor="nvidia", backend="cuda", total_bytes=vram_b,
+                               free_bytes=max(0, vram_b - (512 << 20)))] if vram_b else []
+        hw.label = (hw.label or "this machine") + f", GPU {name}" + (f" {vram}" if vram else "")
+    if disk:
+        if disk not in ("nvme", "ssd", "hdd"):
+            raise ConfigError(f"unknown disk kind {disk!r}", hint="use nvme, ssd or hdd")
+        d = hw.disk or DiskInfo(path="", total_bytes=0, free_bytes=0)
+        hw.disk = DiskInfo(d.path, d.total_bytes, d.free_bytes, disk)
+    return hw
+
+
+def candidates(model):
+    """MODEL → (title, [Candidate]) — the file first (source "file"), or a catalog entry's quant ladder.
+    Raises ModelNotFoundError / ModelFormatError."""
+    from pathlib import Path
+
+    from localrun.catalog import get_entry
+    from localrun.errors import ModelNotFoundError
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.choose import DEFAULT_LADDER, Candidate
+    from localrun.offload.synthetic import requantize, spec_from_entry, supported_quants
+    from localrun.store import resolve_model
+
+    entry = None
+    path = None
+    try:
+        path = resolve_model(model)
+    except ModelNotFoundError:
+        entry = get_entry(model) if model else None
+        if entry is None:
+            raise
+    if path is not None and Path(path).is_file():
+        spec = read_gguf(path)
+        out = [Candidate(spec.file_type, spec, "file")]
+        for q in DEFAULT_LADDER:
+            if q != spec.file_type:
+                out.append(Candidate(q, requantize(spec, q), "other quantization (not downloaded)"))
+        return spec.name, out
+    if path is not None:
+        raise ModelNotFoundError(str(path), hint="`localrun fit` plans GGUF files and models.toml names")
+    want = model.split(":", 1)[1].upper() if ":" in model else None
+    quants = [q for q in entry.quants if q.upper() in supported_quants()] or DEFAULT_LADDER
+    if want:
+        if want not in supported_quants():
+            raise ModelNotFoundError(model, hint=f"{entry.name} quantizations: {', '.join(quants)}")
+        quants = [want]
+    return entry.name, [Candidate(q, spec_from_entry(entry, q), "catalog") for q in quants]
+
+
+def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
+            disk=None, preset=None, goal="balanced", json_out=False) -> int:
+    """Plan, print, and return the exit status (0 fits, 1 nothing fits)."""
+    from localrun.errors import ConfigError
+    from localrun.measurements import get_measurement
+    from localrun.offload.choose import choose
+
+    if kv_type and kv_type.lower() not in ("f16", "q8_0", "q4_0", "f32", "bf16", "q4_1", "q5_0", "q5_1"):
+        raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
+    if parallel < 1 or (ctx is not None and ctx < 1):
+        raise ConfigError("--ctx and --parallel must be positive")
+    hw = machine(preset=preset, vram=vram, ram=ram, gpu=gpu, disk=disk)
+    detected = not (preset or vram or ram or gpu or disk)
+    meas = get_measurement("llamacpp", "cpu") if detected else None
+    title, cands = candidates(model)
+    kw = dict(n_parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, measurement=meas)
+    file_cands = [c for c in cands if c.source == "file"]
+    if file_cands:
+        chosen, plans = choose(file_cands, hw, goal=goal, n_ctx=ctx, **kw)
+        _, others = choose([c for c in cands if c.source != "file"], hw, goal=goal, n_ctx=ctx, **kw)
+        plans += others
+    else:
+        chosen, plans = choose(cands, hw, goal=goal, n_ctx=ctx, **kw)
+    if json_out:
+        from localrun.render import print_json
+
+        best = chosen or plans[0]
+        d = best.to_dict()
+        d["fits"] = chosen is not None
+        d["machine"] = hw.label or "this machine"
+        d["alternatives"] = [{k: p.to_dict()[k] for k in ("quant", "source", "quality_kld", "fits", "n_ctx",
+                              "n_gpu_layers", "n_cpu_moe", "kv_type", "weights_bytes", "vram_bytes", "ram_bytes",
+                              "disk_backed_bytes", "decode_tok_s", "prefill_tok_s")} for p in plans]
+        print_json(d)
+    else:
+        _render(title, hw, chosen, plans)
+    return 0 if chosen is not None else 1
+
+
+def _render(title, hw, chosen, plans) -> None:
+    from rich.table import Table
+
+    from localrun.hardware import fmt_bytes
+    from localrun.render import stdout
+
+    con = stdout()
+    where = hw.label or "this machine"
+    if chosen is None:
+        con.print(f"[bold red]{title} does not fit[/] on {where}.")
+        for r in plans[0].reasons:
+            con.print(f"  • {r}", highlight=False)
+    else:
+        p = chosen
+        con.print(f"[bold]{title}[/] on {where}: [green]{p.quant}[/], {p.n_ctx}-token context, "
+                  f"{p.kv_type} KV, n_gpu_layers {p.n_gpu_layers}/{p.n_layers + 1}", highlight=False)
+        con.print(f"  VRAM {fmt_bytes(p.vram_bytes)} · RAM {fmt_bytes(p.ram_bytes)} "
+                  f"(anonymous {fmt_bytes(p.ram_anon_bytes)}, page cache {fmt_bytes(p.page_cache_bytes)}) · "
+                  f"disk-backed {fmt_bytes(p.disk_backed_bytes)} · decode ≈ {p.decode_tok_s:.1f} tok/s · "
+                  f"prefill ≈ {p.prefill_tok_s:.0f} tok/s", highlight=False)
+        for r in p.reasons:
+            con.print(f"  • {r}", highlight=False)
+    t = Table(title="alternatives", header_style="bold")
+    for col in ("quant", "quality loss (KLD)", "weights", "where", "context", "decode tok/s", "prefill tok/s", ""):
+        t.add_column(col)
+    for p in plans:
+        if not p.fits:
+            place = "does not fit"
+        elif p.disk_backed_bytes:
+            place = f"disk-backed {fmt_bytes(p.disk_backed_bytes)}"
+        elif p.vram_bytes and p.n_gpu_layers > p.n_layers and not p.n_cpu_moe:
+            place = "all on GPU"
+        elif p.vram_bytes:
+            place = f"{max(0, p.n_gpu_layers - 1)}/{p.n_layers} layers on GPU"
+        else:
+            place = "CPU (RAM)"
+        mark = "← chosen" if p is chosen else ("" if p.source in ("file", "catalog") else "other file")
+        t.add_row(p.quant, f"{p.quality_kld:g}", fmt_bytes(p.weights_bytes), place, str(p.n_ctx),
+                  f"{p.decode_tok_s:.1f}", f"{p.prefill_tok_s:.0f}", mark)
+    con.print(t)

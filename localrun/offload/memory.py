@@ -1,0 +1,279 @@
+"""Bytes per tier for one model + load parameters: weights, KV cache, compute and output buffers.
+
+Pure functions over a ``ModelSpec`` (a real GGUF header, or a synthetic one built from a catalog entry by
+``localrun.offload.synthetic``). Every formula names the llama.cpp source it mirrors (the vendored copy in
+llama-cpp-python 0.3.36); the tests in tests/test_memory*.py compare them with llama.cpp's own log.
+
+Conventions: sizes are bytes, lengths tokens. ``n_gpu_layers`` has llama.cpp's meaning
+(src/llama-model.cpp ``load_tensors``: ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``): 1 puts
+only the output layer on the GPU, ``n_layer + 1`` (or -1) puts everything but the token embeddings there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localrun.gguf_info import GGML_TYPES, ModelSpec
+
+MiB = 1 << 20
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+
+# Empirical host-memory constants, measured on this machine with llama-cpp-python 0.3.36 (see
+# benches/fit_accuracy.py): Python + the llama.cpp shared libraries after import, and what a loaded
+# model keeps besides its weights (the vocabulary: token strings, maps, scores ≈ 123 B per token).
+RUNTIME_BASE_BYTES = 46 * MiB
+MODEL_HOST_BASE_BYTES = 11 * MiB
+MODEL_HOST_BYTES_PER_TOKEN = 124
+CONTEXT_HOST_BASE_BYTES = 2 * MiB  # context object, graph metadata, thread pool
+CUDA_CONTEXT_VRAM_BYTES = 300 * MiB  # CUDA context + cuBLAS workspace per GPU (Ollama's ~ 0.3-0.5 GiB)
+CUDA_CONTEXT_HOST_BYTES = 250 * MiB  # libcudart/cublas mapped into the process
+
+
+def pad(x: int, n: int) -> int:
+    """``GGML_PAD(x, n)``: round ``x`` up to a multiple of ``n`` (ggml/include/ggml.h)."""
+    return (x + n - 1) // n * n
+
+
+def type_row_bytes(type_name: str, n: int) -> int:
+    """``ggml_row_size(type, n)``: bytes of ``n`` elements of a ggml type (n a multiple of the block).
+
+    Raises ValueError for an unknown type or when ``n`` is not a multiple of its block size."""
+    name = type_name.upper()
+    for tname, block, nbytes in GGML_TYPES.values():
+        if tname == name:
+            if n % block:
+                raise ValueError(f"{n} elements are not a multiple of {tname}'s block of {block}")
+            return n // block * nbytes
+    raise ValueError(f"unknown ggml type {type_name!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class KvPart:
+    """One llama_kv_cache (a model with SWA layers has two: llama_kv_cache_iswa's base and SWA caches)."""
+
+    name: str  # "kv", "kv_base", "kv_swa", "recurrent"
+    cells: int  # per stream (sequence)
+    n_stream: int
+    layer_bytes: dict[int, int]  # layer index → K+V bytes of that layer (all streams)
+    k_bytes: int
+    v_bytes: int
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_bytes)
+
+    @property
+    def bytes(self) -> int:
+        return self.k_bytes + self.v_bytes
+
+
+@dataclass
+class KvCache:
+    n_ctx_seq: int  # cells per sequence after llama.cpp's padding
+    n_ctx_total: int  # context n_ctx as llama_context reports it
+    parts: list[KvPart] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.parts)
+
+    def layer_bytes(self, il: int) -> int:
+        return sum(p.layer_bytes.get(il, 0) for p in self.parts)
+
+
+def context_cells(n_ctx: int, n_parallel: int = 1, *, kv_unified: bool = False) -> tuple[int, int]:
+    """(n_ctx_total, n_ctx_seq) as llama_context computes them (src/llama-context.cpp, constructor).
+
+    localrun asks for ``n_ctx × n_parallel`` cells; llama.cpp pads that to 256, then (non-unified) gives
+    each of ``n_seq_max`` sequences ``GGML_PAD(n_ctx / n_seq_max, 256)`` cells.
+    """
+    n_par = max(1, n_parallel)
+    total = pad(max(1, n_ctx) * n_par, 256)
+    if kv_unified:
+        return total, total
+    seq = pad(total // n_par, 256)
+    return seq * n_par, seq
+
+
+def is_mla(spec: ModelSpec) -> bool:
+    """MLA with the K-only latent cache: the GGUF has ``attention.key_length_mla`` (llama-hparams.cpp is_mla)."""
+    return spec.meta(".attention.key_length_mla") is not None and spec.meta(".attention.value_length_mla") is not None
+
+
+def kv_cache(spec: ModelSpec, n_ctx: int, *, n_parallel: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
+             swa_full: bool = False, kv_unified: bool = False, kv_type_v: str | None = None) -> KvCache:
+    """KV-cache bytes exactly as llama.cpp allocates them.
+
+    Per layer (src/llama-kv-cache.cpp, constructor): K = ``ggml_row_size(type_k, n_embd_head_k × n_head_kv(il))
+    × kv_size × n_stream``, V likewise with ``n_embd_head_v`` (absent for MLA, whose V is a view of the
+    latent K: ``has_v = !is_mla``). ``n_stream`` = n_seq_max when the cache is not unified.
+    kv_size = n_ctx_seq (src/llama-model.cpp create_memory). Sliding-window layers get their own cache
+    (src/llama-kv-cache-iswa.cpp): ``GGML_PAD(min(size_base, n_swa × (unified ? n_seq_max : 1) + n_ubatch),
+    256)`` cells, or the full size with ``swa_full``. Recurrent models (Mamba, RWKV) keep a fixed state
+    per sequence instead (src/llama-memory-recurrent.cpp, F32).
+    """
+    kv_type_v = kv_type_v or kv_type
+    n_par = max(1, n_parallel)
+    total, seq = context_cells(n_ctx, n_par, kv_unified=kv_unified)
+    cache = KvCache(n_ctx_seq=seq, n_ctx_total=total)
+    if spec.is_recurrent and spec.meta(".attention.head_count") in (None, 0):
+        cache.parts.append(_recurrent_state(spec, n_par))
+        return cache
+    n_stream = 1 if kv_unified else n_par
+    size_base = total if kv_unified else seq
+    swa = spec.swa_layers
+    mla = is_mla(spec)
+    groups = {"kv": [il for il in range(spec.n_layer)]}
+    sizes = {"kv": size_base}
+    if any(swa):
+        groups = {"kv_base": [il for il in range(spec.n_layer) if not swa[il]],
+                  "kv_swa": [il for il in range(spec.n_layer) if swa[il]]}
+        size_swa = size_base if swa_full else pad(
+            min(size_base, spec.sliding_window * (n_par if kv_unified else 1) + n_ubatch), 256)
+        sizes = {"kv_base": size_base, "kv_swa": size_swa}
+    heads = spec.n_head_kv_per_layer
+    dk, dv = spec.head_dim_k, spec.head_dim_v
+    for name, layers in groups.items():
+        cells = sizes[name]
+        kb = vb = 0
+        per: dict[int, int] = {}
+        for il in layers:
+            hkv = heads[il] if il < len(heads) else spec.n_head_kv
+            if hkv == 0:
+                continue
+            k = type_row_bytes(kv_type, dk * hkv) * cells * n_stream
+            v = 0 if mla else type_row_bytes(kv_type_v, dv * hkv) * cells * n_stream
+            per[il] = k + v
+            kb += k
+            vb += v
+        cache.parts.append(KvPart(name, cells, n_stream, per, kb, vb))
+    return cache
+
+
+def _recurrent_state(spec: ModelSpec, n_seq: int) -> KvPart:
+    """Mamba/RWKV state: r = n_embd_r, s = n_embd_s floats per layer and sequence (src/llama-hparams.cpp
+    n_embd_r/n_embd_s; src/llama-memory-recurrent.cpp allocates them F32, mem_size = n_seq_max)."""
+    if spec.arch.startswith("rwkv"):
+        n_embd = spec.n_embd
+        head = int(spec.meta(".wkv.head_size", 64) or 64)
+        shift = int(spec.meta(".token_shift_count", 2) or 2)
+        r, s = shift * n_embd, n_embd * head
+    else:
+        d_conv = int(spec.meta(".ssm.conv_kernel", 4) or 4)
+        d_inner = int(spec.meta(".ssm.inner_size", 2 * spec.n_embd) or 0)
+        d_state = int(spec.meta(".ssm.state_size", 16) or 16)
+        n_group = int(spec.meta(".ssm.group_count", 0) or 0)
+        r, s = (d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner
+    per = {il: (r + s) * 4 * n_seq for il in range(spec.n_layer)}
+    return KvPart("recurrent", 1, n_seq, per, r * 4 * n_seq * spec.n_layer, s * 4 * n_seq * spec.n_layer)
+
+
+# ------------------------------------------------------------------------------------------------
+# weights placement
+# ------------------------------------------------------------------------------------------------
+
+def _is_expert(name: str) -> bool:
+    return "_exps" in name or "_chexps" in name
+
+
+def layers_on_gpu(n_layer: int, n_gpu_layers: int) -> tuple[int, bool]:
+    """(first repeating layer on the GPU, output layer on the GPU) for llama.cpp's ``n_gpu_layers``.
+
+    src/llama-model.cpp: ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``; the output layer counts
+    as layer ``n_layer``, so it is the first to move (``n_gpu_layers >= 1``)."""
+    ngl = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    return n_layer + 1 - ngl if ngl > 0 else n_layer + 1, ngl >= 1
+
+
+@dataclass
+class WeightSplit:
+    gpu_bytes: int = 0
+    cpu_bytes: int = 0  # everything on the CPU (mmapped: page cache)
+    cpu_expert_bytes: int = 0  # of cpu_bytes: MoE expert tensors kept on the CPU
+    gpu_layers: list[int] = field(default_factory=list)  # repeating layers on the GPU
+    output_on_gpu: bool = False
+
+
+def split_weights(spec: ModelSpec, n_gpu_layers: int, *, n_cpu_moe: int = 0) -> WeightSplit:
+    """Weight bytes on the GPU and on the CPU (src/llama-model.cpp load_tensors).
+
+    ``token_embd`` always stays on the CPU (dev_input). The output layer (``output.weight``,
+    ``output_norm``) follows ``dev_output``; a model with tied embeddings duplicates ``token_embd`` as the
+    output (TENSOR_DUPLICATED), so it costs GPU memory once more when the output is offloaded.
+    ``n_cpu_moe`` keeps the expert tensors of the first N layers on the CPU (llama.cpp ``--n-cpu-moe``).
+    """
+    start, out_gpu = layers_on_gpu(spec.n_layer, n_gpu_layers)
+    ws = WeightSplit(gpu_layers=[il for il in range(start, spec.n_layer)], output_on_gpu=out_gpu)
+    has_output = any(t.name == "output.weight" for t in spec.tensors)
+    for t in spec.tensors:
+        il = t.layer
+        if il is not None:
+            on_gpu = il >= start and not (_is_expert(t.name) and il < n_cpu_moe)
+        elif t.name.startswith("token_embd"):
+            on_gpu = False
+            if not has_output and t.name == "token_embd.weight" and out_gpu:
+                ws.gpu_bytes += t.n_bytes  # the duplicated tied output
+        elif t.name.startswith("output"):
+            on_gpu = out_gpu
+        else:
+            on_gpu = False
+        if on_gpu:
+            ws.gpu_bytes += t.n_bytes
+        else:
+            ws.cpu_bytes += t.n_bytes
+            if il is not None and _is_expert(t.name):
+                ws.cpu_expert_bytes += t.n_bytes
+    return ws
+
+
+def model_buffer_bytes(spec: ModelSpec) -> int:
+    """CPU-only load: llama.cpp's ``CPU_Mapped model buffer size`` = the file span of all tensors
+    (src/llama-model.cpp load_tensors maps [first tensor offset, last tensor end) as one buffer)."""
+    if not spec.tensors:
+        return 0
+    return max(t.offset + t.n_bytes for t in spec.tensors) - min(t.offset for t in spec.tensors)
+
+
+# ------------------------------------------------------------------------------------------------
+# compute / output buffers and host overhead
+# ------------------------------------------------------------------------------------------------
+
+def output_buffer_bytes(spec: ModelSpec, n_parallel: int = 1) -> int:
+    """Host logits buffer: n_vocab × 4 bytes × n_outputs_max (= n_seq_max) (src/llama-context.cpp
+    output_reserve; measured: 0.19 MiB SmolLM2, 1.00 MiB Gemma-3, ×2 with 2 sequences)."""
+    return spec.vocab_size * 4 * max(1, n_parallel)
+
+
+def compute_buffer_bytes(spec: ModelSpec, n_ctx_seq: int, *, n_ubatch: int = 512, flash_attn: bool = True,
+                         n_parallel: int = 1) -> int:
+    """The scheduler's worst-case graph (``sched_reserve: ... compute buffer size``), empirical.
+
+    Flash attention: the peak is the last stage, logits + two hidden states:
+    ``n_ubatch × (n_vocab + 2 n_embd) × 4`` — exact for SmolLM2 (98.25 MiB) and Gemma-3 (514.50 MiB).
+    Without it the attention scores ``KQ`` (f32, n_kv × n_ubatch × n_head, plus the mask) can dominate:
+    ``n_ubatch × 4 × (n_kv × (n_head + 1) + 6 n_embd)``, n_kv = cells of the full-attention layers
+    (SmolLM2 at 8192: 166.38 MiB measured, 166.75 predicted). 2% margin on top.
+    """
+    logits = n_ubatch * (spec.vocab_size + 2 * spec.n_embd) * 4
+    if flash_attn:
+        peak = logits
+    else:
+        n_kv = n_ctx_seq * max(1, n_parallel)
+        attn = n_ubatch * 4 * (n_kv * (spec.n_head + 1) + 6 * spec.n_embd)
+        peak = max(logits, attn)
+    return int(peak * 1.02)
+
+
+def model_host_overhead_bytes(spec: ModelSpec) -> int:
+    """Anonymous memory a loaded model keeps besides weights (vocab tables), empirical (see constants)."""
+    return MODEL_HOST_BASE_BYTES + MODEL_HOST_BYTES_PER_TOKEN * spec.vocab_size
+
+
+def kv_bytes_per_token(spec: ModelSpec, kv_type: str = "f16") -> int:
+    """KV bytes one more token of context costs in the full-attention layers (for `fit` messages)."""
+    c = kv_cache(spec, 256, kv_type=kv_type, swa_full=True)
+    return c.bytes // 256

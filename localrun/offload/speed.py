@@ -1,0 +1,100 @@
+"""Speed model: decode and prefill throughput from bytes per tier, bandwidths and compute.
+
+decode s/token = Σ_tiers (bytes read per token on the tier / effective bandwidth of the tier)
+    bytes read per token = the weights active per token (all dense weights; only n_expert_used/n_expert of
+    the expert tensors) + the KV cache read for the context in use;
+prefill tok/s = effective FLOP/s / (2 × active params) (the standard 2·N FLOPs per token, Kaplan et al.
+    2020), the slowest tier weighted by its share of the parameters. TTFT = prompt tokens / prefill tok/s.
+
+Bandwidths are GB/s (10^9 B/s) peak figures from vendor specs; ``EFFICIENCY`` turns peak into what
+llama.cpp reaches (≈ 0.7 GPU, 0.55 CPU DRAM). A ``localrun hw --measure`` / ``bench --calibrate`` entry in
+measurements.json (``llamacpp/cpu`` …) replaces the table value, and the plan says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# name substring (lowercase) → (memory bandwidth GB/s, dense FP16 TFLOP/s). Longest match wins.
+GPU_TABLE: dict[str, tuple[float, float]] = {
+    "rtx 5090": (1792, 210), "rtx 5080": (960, 113), "rtx 4090": (1008, 165), "rtx 4080": (717, 97),
+    "rtx 4070 ti": (504, 80), "rtx 4070": (504, 58), "rtx 4060 ti": (288, 44), "rtx 4060": (272, 30),
+    "rtx 3090": (936, 71), "rtx 3080": (760, 59), "rtx 3070": (448, 40), "rtx 3060": (360, 25),
+    "rtx 2080": (448, 40), "gtx 1080": (320, 9), "a100": (1935, 312), "h100": (3350, 990), "h200": (4800, 990),
+    "l4": (300, 121), "t4": (320, 65), "a10": (600, 125), "l40": (864, 181), "rx 7900 xtx": (960, 123),
+    "apple m1": (68, 2.6), "apple m1 pro": (200, 5.2), "apple m1 max": (400, 10.4), "apple m1 ultra": (800, 21),
+    "apple m2": (100, 3.6), "apple m2 pro": (200, 6.8), "apple m2 max": (400, 13.6), "apple m2 ultra": (800, 27),
+    "apple m3": (100, 4.1), "apple m3 pro": (150, 7.4), "apple m3 max": (400, 16.4), "apple m3 ultra": (819, 28),
+    "apple m4": (120, 4.3), "apple m4 pro": (273, 9.2), "apple m4 max": (546, 18.4),
+}
+GPU_DEFAULT = (400.0, 40.0)
+# host memory and links, GB/s
+MEMORY_TABLE = {"ddr4": 51.2, "ddr5": 89.6, "lpddr5": 100.0}  # dual channel, peak
+LINK_TABLE = {"pcie3": 15.8, "pcie4": 31.5, "pcie5": 63.0}  # x16
+DISK_TABLE = {"nvme": 3.5, "nvme4": 7.0, "nvme5": 12.0, "ssd": 0.55, "hdd": 0.15, "unknown": 0.55}
+EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35, "compute_cpu": 0.5}
+CPU_GBPS_PER_CORE = 6.0  # one core's streaming read rate: few cores cannot saturate DRAM
+CPU_GFLOPS_PER_CORE = {"AVX512F": 60.0, "AVX2": 30.0, "NEON": 25.0, "": 8.0}
+
+
+@dataclass
+class Tier:
+    """One place weights are read from: bandwidth GB/s and compute GFLOP/s as llama.cpp achieves them."""
+
+    name: str  # "gpu" | "cpu" | "disk"
+    bandwidth_gbps: float
+    gflops: float
+    source: str = "table"  # "table" | "measured (hw --measure, 2026-…)"
+
+
+def gpu_tier(gpu) -> Tier:
+    name = (gpu.name or "").lower()
+    best = max((k for k in GPU_TABLE if k in name), key=len, default=None)
+    bw, tf = GPU_TABLE[best] if best else GPU_DEFAULT
+    return Tier("gpu", bw * EFFICIENCY["gpu"], tf * 1000 * EFFICIENCY["compute_gpu"],
+                "table" if best else "table (unknown GPU: default)")
+
+
+def cpu_tier(hw, measurement: dict | None = None) -> Tier:
+    """CPU/DRAM tier. Apple Silicon's CPU reads the same unified memory as its GPU (≈ 60% of it)."""
+    apple = [g for g in hw.gpus if g.unified]
+    if apple:
+        bw = gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"] * 0.6
+    else:
+        bw = min(MEMORY_TABLE["ddr5" if "AVX512F" in hw.cpu.simd else "ddr4"],
+                 CPU_GBPS_PER_CORE * max(1, hw.cpu.physical_cores))
+    simd = next((s for s in ("AVX512F", "AVX2", "NEON") if s in hw.cpu.simd), "")
+    tier = Tier("cpu", bw * EFFICIENCY["cpu"],
+                CPU_GFLOPS_PER_CORE[simd] * max(1, hw.cpu.physical_cores) * EFFICIENCY["compute_cpu"])
+    if measurement:
+        if measurement.get("decode_bandwidth_gbps"):
+            tier.bandwidth_gbps = float(measurement["decode_bandwidth_gbps"])
+        if measurement.get("prefill_gflops"):
+            tier.gflops = float(measurement["prefill_gflops"])
+        tier.source = f"measured ({measurement.get('source', 'measurements.json')}, {measurement.get('when', '?')})"
+    return tier
+
+
+def disk_tier(kind: str | None) -> Tier:
+    return Tier("disk", DISK_TABLE.get(kind or "unknown", DISK_TABLE["unknown"]) * EFFICIENCY["disk"], 0.0)
+
+
+def decode_tok_s(bytes_per_tier: dict[str, float], tiers: dict[str, Tier]) -> float:
+    """Tokens/s = 1 / Σ (bytes read per token on tier / bandwidth of tier). Bytes, GB/s."""
+    t = sum(b / (tiers[k].bandwidth_gbps * 1e9) for k, b in bytes_per_tier.items() if b > 0)
+    return 1.0 / t if t > 0 else 0.0
+
+
+def prefill_tok_s(active_params_per_tier: dict[str, float], tiers: dict[str, Tier]) -> float:
+    """Tokens/s = 1 / Σ (2 × params on tier / FLOP/s of tier) (disk pages count as CPU compute)."""
+    t = 0.0
+    for k, n in active_params_per_tier.items():
+        if n <= 0:
+            continue
+        tier = tiers["cpu"] if k == "disk" else tiers[k]
+        t += 2 * n / (max(tier.gflops, 1e-3) * 1e9)
+    return 1.0 / t if t > 0 else 0.0
+
+
+def ttft_s(prompt_tokens: int, prefill: float) -> float:
+    return prompt_tokens / prefill if prefill > 0 else float("inf")
