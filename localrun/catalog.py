@@ -22,9 +22,11 @@ Schema of one entry (``[[model]]`` table; see models.toml)::
     n_expert = 0
     n_expert_used = 0
     kv_lora_rank = 0             # MLA latent rank (DeepSeek-V2/V3)
+    tie_embeddings = false       # output.weight shares token_embd (HF tie_word_embeddings)
     license = "apache-2.0"
     chat_template = true
     [model.sources]              # quant → Hugging Face repo and file; "mlx" → an MLX repo
+    # a split GGUF is named by its first part (…-00001-of-00003.gguf); pull fetches every part
     Q4_K_M = { repo = "Qwen/Qwen3-8B-GGUF", file = "Qwen3-8B-Q4_K_M.gguf" }
     mlx = { repo = "mlx-community/Qwen3-8B-4bit" }
 """
@@ -61,6 +63,7 @@ class CatalogEntry:
     n_expert: int = 0
     n_expert_used: int = 0
     kv_lora_rank: int = 0
+    tie_embeddings: bool = False  # output projection shares the token-embedding matrix
     license: str = ""
     chat_template: bool = True
     description: str = ""
@@ -107,3 +110,51 @@ def get_entry(name: str) -> CatalogEntry | None:
         if e.name.lower() == base:
             return e
     return None
+
+
+# --- quantization names and sizes ---------------------------------------------------------------
+
+# Average bits per weight of a whole GGUF file of each llama.cpp file type (mixed tensor types included),
+# from llama.cpp's tools/quantize/quantize.cpp QUANT_OPTIONS table (the "+x.xx ppl @ y.yy bpw" notes),
+# rounded. Used only to estimate a download before the hub reports the real size.
+QUANT_BPW: dict[str, float] = {
+    "IQ1_S": 1.56, "IQ1_M": 1.75, "IQ2_XXS": 2.06, "IQ2_XS": 2.31, "IQ2_S": 2.5, "IQ2_M": 2.7,
+    "Q2_K": 2.96, "Q2_K_L": 3.2, "IQ3_XXS": 3.06, "IQ3_XS": 3.3, "IQ3_S": 3.44, "IQ3_M": 3.66,
+    "Q3_K_S": 3.41, "Q3_K_M": 3.74, "Q3_K_L": 4.03, "Q3_K_XL": 4.1, "IQ4_XS": 4.25, "IQ4_NL": 4.5,
+    "Q4_0": 4.55, "Q4_1": 5.0, "Q4_K_S": 4.58, "Q4_K_M": 4.89, "Q4_K_L": 5.1, "Q4_K_XL": 5.0,
+    "MXFP4": 4.25, "MXFP4_MOE": 4.25, "Q5_0": 5.5, "Q5_1": 6.0, "Q5_K_S": 5.54, "Q5_K_M": 5.69,
+    "Q5_K_L": 5.9, "Q6_K": 6.56, "Q6_K_L": 6.8, "Q8_0": 8.5, "F16": 16.0, "BF16": 16.0, "F32": 32.0,
+}
+UNQUANTIZED = frozenset({"F16", "BF16", "F32"})
+
+# longest names first so "Q4_K_M" wins over "Q4_K" and "IQ4_XS" over "Q4_X…"
+_QUANT_NAMES = sorted(QUANT_BPW, key=len, reverse=True)
+
+
+def quant_from_filename(filename: str) -> str | None:
+    """The quantization named in a GGUF file name (``Qwen3-8B-Q4_K_M.gguf`` → ``Q4_K_M``), or None.
+
+    Case-insensitive; the name must stand alone (delimited by ``-``, ``_``, ``.`` or the ends).
+    """
+    import re
+
+    stem = filename.rsplit("/", 1)[-1]
+    up = stem.upper()
+    for q in _QUANT_NAMES:
+        for m in re.finditer(re.escape(q), up):
+            before = up[m.start() - 1] if m.start() > 0 else "-"
+            after = up[m.end()] if m.end() < len(up) else "."
+            if before in "-_." and after in "-_.":
+                return q
+    return None
+
+
+def normalize_quant(quant: str) -> str:
+    """``q4_k_m`` → ``Q4_K_M`` (the spelling llama.cpp and the catalog use)."""
+    return quant.strip().upper().replace("-", "_")
+
+
+def estimate_file_bytes(entry: CatalogEntry, quant: str) -> int:
+    """Estimated GGUF size of ``entry`` at ``quant``: params_total × bits-per-weight / 8 (QUANT_BPW)."""
+    bpw = QUANT_BPW.get(normalize_quant(quant), 8.5)
+    return int(entry.params_total * bpw / 8)

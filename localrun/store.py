@@ -8,6 +8,10 @@ or a ``models.toml`` catalog name whose file has been pulled.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from localrun.errors import ModelNotFoundError
@@ -34,6 +38,11 @@ def default_model_path() -> Path:
 def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     """MODEL argument → path of a GGUF file (or an MLX model folder).
 
+    Order: an existing path; the embedded default; a pulled model by catalog name or ``name:QUANT``
+    (the most recent pull when several quants are there); any store file whose stem matches; a GGUF
+    found read-only in the Hugging Face cache (``OWNER/REPO[:QUANT]``, or a catalog ``name[:QUANT]``
+    whose source file is cached), Ollama (``model:tag``) or LM Studio (``PUBLISHER/REPO[:QUANT]``).
+
     Raises ModelNotFoundError with the places looked at.
     """
     if model is None or model in ("", "default", DEFAULT_MODEL_NAME):
@@ -45,6 +54,9 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
         from localrun.config import get_settings
 
         models_dir = get_settings().models_dir
+    hit = _match(scan_store(models_dir), model)
+    if hit is not None:
+        return Path(hit.path)
     if models_dir.is_dir():
         name = model.replace(":", "-").lower()
         for cand in sorted(models_dir.rglob("*.gguf")):
@@ -54,10 +66,280 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
         cand = models_dir / model
         if cand.is_dir():
             return cand
-    looks_like_path = "/" in model or model.endswith(".gguf")
+    hit = _match(scan_hf_cache() + scan_ollama() + scan_lmstudio(), model) or _catalog_in_hf_cache(model)
+    if hit is not None:
+        return Path(hit.path)
+    if model.split(":", 1)[0] == DEFAULT_MODEL_NAME and model.split(":", 1)[1].upper() == "Q4_1":
+        return default_model_path()
+    looks_like_path = model.endswith(".gguf") or model.startswith((".", "/", "~"))
     raise ModelNotFoundError(
         model,
         hint=(f"no such file: {p}" if looks_like_path else
               f"not in the model store ({models_dir}); `localrun pull {model}` downloads it, "
               "`localrun ls` lists what is here"),
     )
+
+
+# --- what is on disk ----------------------------------------------------------------------------
+
+@dataclass
+class LocalModel:
+    """One GGUF on disk. ``source``: localrun (the store; pulled) | huggingface | ollama | lmstudio
+    (found read-only in another tool's folder; localrun never modifies those)."""
+
+    name: str  # catalog name / OWNER--REPO (localrun), OWNER/REPO (HF, LM Studio), model:tag (Ollama)
+    quant: str | None
+    size_bytes: int
+    path: str
+    source: str
+    repo: str | None = None
+    file: str | None = None
+    read_only: bool = False
+
+    @property
+    def ref(self) -> str:
+        """What to type to use it: ``name:QUANT`` (store, HF, LM Studio) or ``name`` (Ollama's own tag)."""
+        if self.source == "ollama" or not self.quant:
+            return self.name
+        return f"{self.name}:{self.quant}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ref": self.ref}
+
+
+def _is_primary_gguf(p: Path) -> bool:
+    low = p.name.lower()
+    return (low.endswith(".gguf") and "mmproj" not in low and not re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", low)
+            and not low.endswith(".partial"))
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def ollama_models_dir() -> list[Path]:
+    """Ollama's model store: OLLAMA_MODELS, else ~/.ollama/models and the Linux service's folder."""
+    if os.environ.get("OLLAMA_MODELS"):
+        return [Path(os.environ["OLLAMA_MODELS"]).expanduser()]
+    return [Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]
+
+
+def lmstudio_models_dirs() -> list[Path]:
+    """LM Studio's models folders (publisher/repo/file.gguf): ~/.lmstudio/models, ~/.cache/lm-studio/models."""
+    return [Path.home() / ".lmstudio" / "models", Path.home() / ".cache" / "lm-studio" / "models"]
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def scan_store(models_dir: Path) -> list[LocalModel]:
+    """GGUFs in localrun's own store, named by their pull sidecar when there is one."""
+    from localrun.catalog import quant_from_filename
+    from localrun.pull import SIDECAR_SUFFIX
+
+    out = []
+    if not models_dir.is_dir():
+        return out
+    for p in sorted(models_dir.rglob("*.gguf")):
+        if not _is_primary_gguf(p):
+            continue
+        side = {}
+        sp = p.with_name(p.name + SIDECAR_SUFFIX)
+        if sp.is_file():
+            try:
+                side = json.loads(sp.read_text())
+            except ValueError:
+                side = {}
+        rel = p.relative_to(models_dir)
+        name = side.get("name") or (rel.parts[0] if len(rel.parts) > 1 else p.stem)
+        size = side.get("size_bytes") if side.get("parts") else _size(p)
+        out.append(LocalModel(name, side.get("quant") or quant_from_filename(p.name), size, str(p), "localrun",
+                              side.get("repo"), side.get("file") or p.name))
+    return out
+
+
+def scan_hf_cache(cache: Path | None = None) -> list[LocalModel]:
+    """GGUFs in the Hugging Face cache: models--OWNER--REPO/snapshots/REV/FILE (links into blobs/)."""
+    from localrun.catalog import quant_from_filename
+
+    cache = cache or hf_cache_dir()
+    out, seen = [], set()
+    if not cache.is_dir():
+        return out
+    for repo_dir in sorted(cache.glob("models--*")):
+        repo = repo_dir.name[len("models--"):].replace("--", "/", 1)
+        for p in sorted(repo_dir.glob("snapshots/*/**/*.gguf")):
+            if not _is_primary_gguf(p) or not p.exists():
+                continue
+            real = p.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
+            file = "/".join(p.relative_to(repo_dir).parts[2:])
+            out.append(LocalModel(repo, quant_from_filename(p.name), _size(real), str(p), "huggingface", repo,
+                                  file, read_only=True))
+    return out
+
+
+def scan_ollama(roots: list[Path] | None = None) -> list[LocalModel]:
+    """Ollama models: manifests/REGISTRY/NAMESPACE/MODEL/TAG (OCI JSON) → the
+    ``application/vnd.ollama.image.model`` layer's blob (blobs/sha256-HEX, a GGUF). The quant is the
+    config blob's ``file_type``. Names drop ``registry.ollama.ai/library/`` as ``ollama list`` does."""
+    out = []
+    for root in roots if roots is not None else ollama_models_dir():
+        mdir = root / "manifests"
+        if not mdir.is_dir():
+            continue
+        for man in sorted(p for p in mdir.rglob("*") if p.is_file()):
+            try:
+                data = json.loads(man.read_text())
+            except (OSError, ValueError):
+                continue
+            rel = man.relative_to(mdir).parts
+            if len(rel) < 4:
+                continue
+            registry, ns, model, tag = rel[0], "/".join(rel[1:-2]), rel[-2], rel[-1]
+            name = f"{model}:{tag}"
+            if ns != "library":
+                name = f"{ns}/{name}"
+            if registry != "registry.ollama.ai":
+                name = f"{registry}/{name}"
+            blob, quant = None, None
+            for layer in data.get("layers", []):
+                if layer.get("mediaType") == "application/vnd.ollama.image.model":
+                    blob = root / "blobs" / layer.get("digest", "").replace(":", "-")
+            cfg = data.get("config", {}).get("digest")
+            if cfg:
+                try:
+                    quant = json.loads((root / "blobs" / cfg.replace(":", "-")).read_text()).get("file_type")
+                except (OSError, ValueError):
+                    quant = None
+            if blob is not None and blob.is_file():
+                out.append(LocalModel(name, quant, _size(blob), str(blob), "ollama", read_only=True))
+    return out
+
+
+def scan_lmstudio(roots: list[Path] | None = None) -> list[LocalModel]:
+    """LM Studio models: PUBLISHER/REPO/FILE.gguf under its models folder."""
+    from localrun.catalog import quant_from_filename
+
+    out = []
+    for root in roots if roots is not None else lmstudio_models_dirs():
+        if not root.is_dir():
+            continue
+        for p in sorted(root.rglob("*.gguf")):
+            if not _is_primary_gguf(p):
+                continue
+            parts = p.relative_to(root).parts
+            name = "/".join(parts[:2]) if len(parts) >= 3 else p.stem
+            out.append(LocalModel(name, quant_from_filename(p.name), _size(p), str(p), "lmstudio",
+                                  name if len(parts) >= 3 else None, p.name, read_only=True))
+    return out
+
+
+def list_local_models(models_dir: Path | None = None, *, external: bool = True) -> list[LocalModel]:
+    """Everything runnable on disk: localrun's store, then (``external``) the Hugging Face cache, Ollama
+    and LM Studio. Reads only; never modifies another tool's files."""
+    if models_dir is None:
+        from localrun.config import get_settings
+
+        models_dir = get_settings().models_dir
+    found = scan_store(models_dir)
+    if external:
+        found += scan_hf_cache() + scan_ollama() + scan_lmstudio()
+    return found
+
+
+def _match(models: list[LocalModel], model: str) -> LocalModel | None:
+    """``name``, ``name:QUANT``, Ollama ``model[:tag]`` or a hub ``OWNER/REPO[:QUANT]`` among ``models``."""
+    from localrun.catalog import normalize_quant
+
+    low = model.lower()
+    for prefix in ("hf.co/", "huggingface.co/", "https://huggingface.co/"):
+        if low.startswith(prefix):
+            low = low[len(prefix):]
+    base, _, quant = low.partition(":")
+    q = normalize_quant(quant) if quant else None
+    hits = []
+    for m in models:
+        names = {m.name.lower(), (m.repo or "").lower(), m.name.lower().replace("--", "/")}
+        if m.source == "ollama":
+            if low in (m.name.lower(), m.name.lower().split("/")[-1]) or (
+                    ":" not in low and m.name.lower() in (f"{low}:latest",)):
+                hits.append(m)
+            continue
+        if base in names and (q is None or (m.quant or "").upper() == q):
+            hits.append(m)
+    if not hits:
+        return None
+    # several quants of one name: the most recently written
+    return max(hits, key=lambda m: Path(m.path).stat().st_mtime if Path(m.path).exists() else 0)
+
+
+def _catalog_in_hf_cache(model: str) -> LocalModel | None:
+    """A catalog ``name[:QUANT]`` whose source file (repo + file) is already in the Hugging Face cache."""
+    from localrun.catalog import get_entry, normalize_quant
+
+    entry = get_entry(model)
+    if entry is None:
+        return None
+    quant = normalize_quant(model.split(":", 1)[1]) if ":" in model else None
+    wanted = {(s["repo"], s["file"]) for q, s in entry.sources.items()
+              if q != "mlx" and (quant is None or q.upper() == quant)}
+    for m in scan_hf_cache():
+        if (m.repo, m.file) in wanted:
+            return m
+    return None
+
+
+def remove_pulled(model: str, *, all_quants: bool = False, models_dir: Path | None = None) -> list[str]:
+    """Delete a pulled model (file, sidecar, any partial download) from localrun's store; returns paths.
+
+    ``model`` is ``name:QUANT`` (that file) or ``name`` (the only file; every quant with ``all_quants``).
+    Raises ModelNotFoundError when nothing in the store matches, and ConfigError for a model that lives
+    in another tool's folder (Hugging Face cache, Ollama, LM Studio: localrun never deletes those) or
+    when ``name`` has several quantizations and ``all_quants`` is not set.
+    """
+    from localrun.errors import ConfigError
+    from localrun.pull import PARTIAL_SUFFIX, SIDECAR_SUFFIX
+
+    if models_dir is None:
+        from localrun.config import get_settings
+
+        models_dir = get_settings().models_dir
+    store = scan_store(models_dir)
+    hits = [m for m in store if _match([m], model)]
+    if not hits:
+        ext = _match(scan_hf_cache() + scan_ollama() + scan_lmstudio(), model)
+        if ext is not None:
+            raise ConfigError(f"{model} is in {ext.source}'s folder ({ext.path}); localrun does not delete it",
+                              hint=f"remove it with {ext.source}'s own tools")
+        raise ModelNotFoundError(model, hint="`localrun ls` lists the models in the store")
+    if len(hits) > 1 and not all_quants:
+        raise ConfigError(f"{model} has {len(hits)} files: {', '.join(m.ref for m in hits)}",
+                          hint=f"remove one with `localrun rm NAME:QUANT`, or all with `localrun rm {model} --yes`")
+    removed = []
+    for m in hits:
+        p = Path(m.path)
+        side = json.loads(p.with_name(p.name + SIDECAR_SUFFIX).read_text()) if p.with_name(
+            p.name + SIDECAR_SUFFIX).is_file() else {}
+        others = [p.with_name(x) for x in side.get("parts", [])[1:]]
+        for extra in (p, p.with_name(p.name + SIDECAR_SUFFIX), p.with_name(p.name + PARTIAL_SUFFIX),
+                      p.with_name(p.name + PARTIAL_SUFFIX + ".json"), *others):
+            if extra.exists():
+                extra.unlink()
+                if extra == p:
+                    removed.append(str(p))
+        try:
+            p.parent.rmdir()  # only when empty
+        except OSError:
+            pass
+    return removed

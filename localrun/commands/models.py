@@ -1,0 +1,206 @@
+"""`localrun pull | ls | rm | show | ps`: get models, see what is on disk, and what a server has loaded."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pull")(pull)
+    app.command("ls")(ls)
+    app.command("rm")(rm)
+    app.command("show")(show)
+    app.command("ps")(ps)
+
+
+def pull(
+    model: str = typer.Argument(..., help="NAME[:QUANT] from the catalog, hf.co/OWNER/REPO[:QUANT], or "
+                                "hf.co/OWNER/REPO/FILE.gguf."),
+    force: bool = typer.Option(False, "--force", help="Download again even if the file is up to date."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (no progress bar)."),
+) -> None:
+    """Download a GGUF into the model store: resumable, size- and sha256-verified.
+
+    With no QUANT the planner picks the best quantization for this machine and says why. Gated
+    models need HF_TOKEN. An interrupted pull continues where it stopped when run again.
+    """
+    from localrun.hardware import fmt_bytes
+    from localrun.pull import pull as do_pull
+    from localrun.render import print_json, stderr
+
+    err = stderr()
+
+    def on_plan(f, reason):
+        if not json_out:
+            size = f" ({fmt_bytes(f.best_size)})" if f.best_size else ""
+            err.print(f"pulling [bold]{f.repo}/{f.file}[/]{size}: {reason}")
+
+    if json_out:
+        res = do_pull(model, force=force, on_plan=on_plan)
+        print_json(res.to_dict())
+        return
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("download", total=None)
+
+        def on_progress(done, total):
+            bar.update(task, completed=done, total=total)
+
+        try:
+            res = do_pull(model, force=force, on_plan=on_plan, on_progress=on_progress)
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/]: run the same `localrun pull` again to resume")
+            raise
+    out_verb = {"up-to-date": "already up to date", "resumed": "resumed and verified",
+                "downloaded": "downloaded and verified"}[res.status]
+    err.print(f"[green]{out_verb}[/]: {res.path} ({fmt_bytes(res.size_bytes)}, sha256 {(res.sha256 or '?')[:12]}…)")
+    err.print(f"run it: localrun chat {res.name}:{res.quant}" if res.quant else f"run it: localrun chat {res.path}")
+
+
+def ls(
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    catalog: bool = typer.Option(False, "--catalog", help="List the models.toml catalog instead."),
+    external: bool = typer.Option(True, "--external/--no-external",
+                                  help="Include GGUFs found in the Hugging Face cache, Ollama and LM Studio."),
+) -> None:
+    """Models on disk: name, quantization, size, and where (localrun's store or another tool's folder)."""
+    from localrun.hardware import fmt_bytes
+    from localrun.render import print_json, stdout
+
+    if catalog:
+        from localrun.catalog import load_catalog
+
+        entries = load_catalog()
+        if json_out:
+            print_json([{"name": e.name, "family": e.family, "arch": e.arch, "params_total": e.params_total,
+                         "params_active": e.params_active, "n_ctx_train": e.n_ctx_train, "license": e.license,
+                         "quants": e.quants, "mlx": "mlx" in e.sources} for e in entries])
+            return
+        from rich.table import Table
+
+        t = Table(title="catalog (models.toml)")
+        for c in ("name", "params", "context", "license", "quantizations"):
+            t.add_column(c)
+        for e in entries:
+            p = f"{e.params_total / 1e9:.1f}B" + (f" ({e.params_active / 1e9:.1f}B active)"
+                                                  if e.params_active < e.params_total else "")
+            t.add_row(e.name, p, f"{e.n_ctx_train:,}", e.license, " ".join(e.quants))
+        stdout().print(t)
+        return
+    from localrun.store import list_local_models
+
+    models = list_local_models(external=external)
+    if json_out:
+        print_json([m.to_dict() for m in models])
+        return
+    con = stdout()
+    if not models:
+        con.print("no models on disk yet: `localrun pull NAME` (see `localrun ls --catalog`); "
+                  "`localrun chat` runs the embedded SmolLM2 without one")
+        return
+    from rich.table import Table
+
+    t = Table()
+    for c in ("name", "quant", "size", "where", "path"):
+        t.add_column(c)
+    for m in models:
+        where = "localrun" if m.source == "localrun" else f"{m.source} (read-only)"
+        t.add_row(m.ref, m.quant or "?", fmt_bytes(m.size_bytes), where, m.path)
+    con.print(t)
+
+
+def rm(
+    model: str = typer.Argument(..., help="NAME[:QUANT] as `localrun ls` shows it."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Remove every quantization of NAME without asking."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Delete a pulled model from localrun's store. Files of other tools are never touched."""
+    from localrun.store import remove_pulled
+    from localrun.render import print_json, stdout
+
+    removed = remove_pulled(model, all_quants=yes)
+    if json_out:
+        print_json({"removed": removed})
+        return
+    for p in removed:
+        stdout().print(f"removed {p}")
+
+
+def show(
+    model: str = typer.Argument(..., help="A catalog name, a pulled NAME[:QUANT], or a .gguf path."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Catalog facts, the file's header (when on disk) and a fit summary for this machine."""
+    from localrun.modelinfo import show_info
+    from localrun.render import print_json, stdout
+
+    info = show_info(model)
+    if json_out:
+        print_json(info)
+        return
+    from rich.table import Table
+
+    t = Table(title=info["name"], show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for section in ("catalog", "file", "fit"):
+        d = info.get(section)
+        if not d:
+            continue
+        t.add_row(f"[underline]{section}[/]", "")
+        for k, v in d.items():
+            if k == "quants":
+                from localrun.hardware import fmt_bytes
+
+                v = "  ".join(f"{q} ≈{fmt_bytes(x['est_bytes'])} {'fits' if x['fits'] else 'too big'}"
+                              for q, x in v.items())
+            elif isinstance(v, (dict, list)):
+                v = ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else ", ".join(map(str, v))
+            t.add_row(k, str(v))
+    stdout().print(t)
+
+
+def ps(
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    host: Optional[str] = typer.Option(None, "--host", help="Server host (default: settings.host)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Server port (default: settings.port)."),
+) -> None:
+    """What a running `localrun serve` has loaded: model, quantization, memory, plan (GET /api/ps)."""
+    from localrun.modelinfo import server_ps
+    from localrun.render import print_json, stdout
+
+    info = server_ps(host=host, port=port)
+    if json_out:
+        print_json(info)  # {"running": false, …} when no server listens
+        return
+    con = stdout()
+    if not info["running"]:
+        from localrun.errors import LocalrunError
+
+        raise LocalrunError(f"no localrun server is running at {info['url']}",
+                            hint="start one with `localrun serve [MODEL]` (or give --host/--port)")
+    models = info.get("models") or []
+    if not models:
+        con.print(f"the server at {info['url']} has no model loaded")
+        return
+    from rich.table import Table
+
+    from localrun.hardware import fmt_bytes
+
+    t = Table(title=f"localrun serve at {info['url']}")
+    for c in ("name", "quant", "size", "VRAM", "context", "plan"):
+        t.add_column(c)
+    for m in models:
+        det = m.get("details") or {}
+        plan = m.get("plan") or m.get("localrun", {}).get("plan") or {}
+        plan_s = (f"{plan.get('backend', '?')}, {plan.get('n_gpu_layers', 0)} GPU layers, kv {plan.get('kv_type', '?')}"
+                  if plan else "")
+        t.add_row(m.get("name") or m.get("model", "?"), det.get("quantization_level", "?"),
+                  fmt_bytes(int(m.get("size") or 0)), fmt_bytes(int(m.get("size_vram") or 0)),
+                  str(m.get("context_length") or plan.get("n_ctx") or "?"), plan_s)
+    con.print(t)

@@ -1,0 +1,535 @@
+"""`localrun pull`: download a GGUF from the Hugging Face Hub into the model store, resumably and verified.
+
+What can be pulled (``parse_ref``)::
+
+    qwen3-8b                     a models.toml catalog name: the planner picks the quantization
+    qwen3-8b:Q4_K_M              … at this quantization
+    hf.co/OWNER/REPO[:QUANT]     any GGUF repo (also huggingface.co/…, https://huggingface.co/…)
+    hf.co/OWNER/REPO/FILE.gguf   one file (also …/resolve/REV/FILE and …/blob/REV/FILE URLs)
+
+Where it goes: ``<models_dir>/<name>/<file>`` plus ``<file>.localrun.json`` (repo, file, quant, size,
+sha256, commit), where ``name`` is the catalog name or ``OWNER--REPO`` for hub references.
+
+How it downloads (``download_file``): ``huggingface_hub.get_hf_file_metadata`` (HEAD …/resolve/REV/FILE)
+gives the size (``X-Linked-Size``), the commit and the LFS sha256 (``X-Linked-Etag``); the body is streamed
+with the hub's own HTTP session into ``<file>.partial`` and hashed as it arrives; a second pull of an
+interrupted download hashes the bytes already there and asks for the rest (``Range: bytes=N-``). Only a
+file whose size and sha256 both match is renamed onto ``<file>``, so a broken download never replaces a
+good one. Free disk space is checked before the first byte. The hub endpoint is ``HF_ENDPOINT`` (read at
+call time) and the token ``HF_TOKEN`` (or ``huggingface-cli login``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+from urllib.parse import quote
+
+from localrun.catalog import (UNQUANTIZED, CatalogEntry, estimate_file_bytes, get_entry, normalize_quant,
+                              quant_from_filename)
+from localrun.errors import DownloadError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+SIDECAR_SUFFIX = ".localrun.json"
+PARTIAL_SUFFIX = ".partial"
+CHUNK_BYTES = 1 << 20
+FIT_MARGIN = 1.2  # the simple rule: file size + 20% must fit in VRAM or RAM
+
+_HUB_PREFIX = re.compile(r"^(?:https?://)?(?:www\.)?(?:hf\.co|huggingface\.co)/", re.I)
+
+
+@dataclass
+class PullRef:
+    """What the user asked for. ``file`` set = one exact file; else ``quant`` (None = planner's choice)."""
+
+    name: str  # store folder: catalog name or OWNER--REPO
+    repo: str | None = None
+    file: str | None = None
+    quant: str | None = None
+    revision: str = "main"
+    entry: CatalogEntry | None = None
+
+
+@dataclass
+class RemoteFile:
+    repo: str
+    file: str
+    quant: str | None
+    size_bytes: int | None = None  # None = not known yet (estimated sizes go to estimated_bytes)
+    sha256: str | None = None
+    estimated_bytes: int | None = None
+
+    @property
+    def best_size(self) -> int:
+        return self.size_bytes or self.estimated_bytes or 0
+
+
+@dataclass
+class PullResult:
+    name: str
+    repo: str
+    file: str
+    quant: str | None
+    path: str
+    size_bytes: int
+    sha256: str | None
+    commit: str | None
+    status: str  # downloaded | resumed | up-to-date
+    reason: str = ""
+    resumed_from_bytes: int = 0
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- references -------------------------------------------------------------------------------
+
+def parse_ref(ref: str) -> PullRef:
+    """A pull argument → ``PullRef``. Raises DownloadError for something that is none of the forms."""
+    ref = ref.strip()
+    if _HUB_PREFIX.match(ref) or (ref.count("/") >= 1 and not get_entry(ref)):
+        rest = _HUB_PREFIX.sub("", ref)
+        quant = None
+        if ":" in rest.rsplit("/", 1)[-1]:
+            rest, quant = rest.rsplit(":", 1)
+            quant = normalize_quant(quant)
+        parts = [p for p in rest.split("/") if p]
+        if len(parts) < 2:
+            raise DownloadError(f"not a Hugging Face reference: {ref!r}",
+                                hint="use hf.co/OWNER/REPO[:QUANT], hf.co/OWNER/REPO/FILE.gguf or a catalog name")
+        repo = f"{parts[0]}/{parts[1]}"
+        revision, file = "main", None
+        tail = parts[2:]
+        if len(tail) >= 2 and tail[0] in ("resolve", "blob"):
+            revision, tail = tail[1], tail[2:]
+        if tail:
+            file = "/".join(tail)
+            if not file.lower().endswith(".gguf"):
+                raise DownloadError(f"{file!r} is not a .gguf file", hint="localrun pulls GGUF files")
+            quant = quant or quant_from_filename(file)
+        return PullRef(name=f"{parts[0]}--{parts[1]}", repo=repo, file=file, quant=quant, revision=revision)
+    base, _, quant = ref.partition(":")
+    entry = get_entry(base)
+    if entry is None:
+        raise DownloadError(
+            f"{base!r} is not in the catalog",
+            hint="`localrun ls --catalog` lists the catalog; any GGUF repo works as hf.co/OWNER/REPO[:QUANT]")
+    q = normalize_quant(quant) if quant else None
+    if q and q not in {k.upper() for k in entry.quants}:
+        raise DownloadError(f"{entry.name} has no {q} in the catalog",
+                            hint=f"available: {', '.join(entry.quants)}; or pull hf.co/OWNER/REPO:{q}")
+    return PullRef(name=entry.name, quant=q, entry=entry)
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _token() -> str | None:
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def _hub_errors(repo: str, what: str):
+    """Context manager turning huggingface_hub / network exceptions into DownloadError with a hint."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def cm():
+        from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RemoteEntryNotFoundError,
+                                            RepositoryNotFoundError, RevisionNotFoundError)
+        try:
+            yield
+        except GatedRepoError:
+            has = "your HF_TOKEN has no access" if _token() else "no HF_TOKEN is set"
+            raise DownloadError(
+                f"{repo} is a gated repository and {has}",
+                hint=f"accept its license at https://huggingface.co/{repo}, create a read token at "
+                "https://huggingface.co/settings/tokens and run `export HF_TOKEN=hf_...`") from None
+        except RemoteEntryNotFoundError:
+            raise DownloadError(f"{what} does not exist in {repo}",
+                                hint=f"see the files at https://huggingface.co/{repo}/tree/main") from None
+        except RevisionNotFoundError:
+            raise DownloadError(f"{what}: revision not found in {repo}") from None
+        except RepositoryNotFoundError:
+            raise DownloadError(f"repository {repo} not found (or private)",
+                                hint="check the name; for a private repo set HF_TOKEN") from None
+        except HfHubHTTPError as e:
+            raise DownloadError(f"the hub refused {what}: {str(e).strip().splitlines()[0]}") from None
+        except OSError as e:
+            raise DownloadError(f"cannot reach {hub_endpoint()} for {what}: {e}",
+                                hint="check the network (or HF_ENDPOINT); run the same pull again to resume") from None
+        except Exception as e:  # httpx2 transport errors are not OSError
+            if type(e).__module__.startswith(("httpx", "httpcore")):
+                raise DownloadError(f"cannot reach {hub_endpoint()} for {what}: {e}",
+                                    hint="check the network (or HF_ENDPOINT); run the same pull again to "
+                                    "resume") from None
+            raise
+
+    return cm()
+
+
+def list_repo_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
+    """The .gguf files of a hub repo with size and LFS sha256 (``HfApi.model_info(files_metadata=True)``).
+
+    Split files (``-00002-of-00003.gguf``) and multimodal projectors (``mmproj``) are left out.
+    """
+    from huggingface_hub import HfApi
+
+    with _hub_errors(repo, "the file list"):
+        info = HfApi(endpoint=hub_endpoint(), token=_token()).model_info(
+            repo, revision=None if revision == "main" else revision, files_metadata=True)
+    out = []
+    for s in info.siblings or []:
+        name = s.rfilename
+        low = name.lower()
+        if not low.endswith(".gguf") or "mmproj" in low or re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", low):
+            continue
+        out.append(RemoteFile(repo, name, quant_from_filename(name),
+                              size_bytes=(s.lfs.size if s.lfs else s.size),
+                              sha256=(s.lfs.sha256 if s.lfs else None)))
+    return out
+
+
+def candidates(ref: PullRef) -> list[RemoteFile]:
+    """Every file ``ref`` could mean, with sizes from the hub where it answers (else an estimate)."""
+    if ref.file:
+        return [RemoteFile(ref.repo, ref.file, ref.quant)]
+    if ref.repo:
+        files = list_repo_ggufs(ref.repo, ref.revision)
+        if not files:
+            raise DownloadError(f"{ref.repo} has no .gguf files",
+                                hint="localrun runs GGUF models; look for a -GGUF repository")
+        if ref.quant:
+            files = [f for f in files if (f.quant or "").upper() == ref.quant]
+            if not files:
+                raise DownloadError(f"{ref.repo} has no {ref.quant} file",
+                                    hint=f"see https://huggingface.co/{ref.repo}/tree/main")
+        return files
+    entry = ref.entry
+    assert entry is not None
+    out = []
+    for q, src in entry.sources.items():
+        if q == "mlx" or (ref.quant and q.upper() != ref.quant):
+            continue
+        out.append(RemoteFile(src["repo"], src["file"], q, estimated_bytes=estimate_file_bytes(entry, q)))
+    # real sizes, one listing per repo; a catalog that cannot reach the hub still plans on estimates
+    for repo in {f.repo for f in out}:
+        try:
+            listed = {r.file: r for r in list_repo_ggufs(repo)}
+        except DownloadError:
+            continue
+        for f in out:
+            if f.repo == repo and f.file in listed:
+                f.size_bytes, f.sha256 = listed[f.file].size_bytes, listed[f.file].sha256
+        missing = [f for f in out if f.repo == repo and f.file not in listed and split_parts(f.file) == [f.file]]
+        out = [f for f in out if f not in missing]  # the hub no longer has it: do not choose it
+    if not out:
+        raise DownloadError(f"none of {entry.name}'s catalog files is on the hub any more",
+                            hint="pull a repo directly: hf.co/OWNER/REPO[:QUANT]")
+    return out
+
+
+def memory_budget_bytes(hw) -> tuple[int, str]:
+    """The most a model may occupy on ``hw``: the larger of GPU memory (sum of usable VRAM, or the Apple
+    working set) and available RAM, and a word saying which."""
+    vram = sum(g.usable_bytes for g in hw.gpus)
+    ram = hw.ram_available_bytes
+    return (vram, "VRAM") if vram >= ram else (ram, "RAM")
+
+
+def choose_quant(files: list[RemoteFile], hw, entry: CatalogEntry | None = None) -> tuple[RemoteFile, str]:
+    """The best file for ``hw`` and why.
+
+    With a catalog ``entry`` the planner decides (``localrun.offload.choose.choose``: every quantization
+    is planned from the catalog's dimensions; the best quality that fits and decodes ≥ 5 tok/s wins).
+    Otherwise — a bare hub repo, or the planner finds nothing that fits — the simple rule: the largest
+    quantized file whose size × 1.2 fits the memory budget (unquantized F16/BF16/F32 only when nothing
+    quantized exists), else the smallest.
+    """
+    from localrun.hardware import fmt_bytes
+
+    if len(files) == 1:
+        return files[0], "the only file"
+    picked = _planner_choice(files, hw, entry) if entry is not None else None
+    if picked:
+        return picked
+    budget, where = memory_budget_bytes(hw)
+    quantized = [f for f in files if (f.quant or "") not in UNQUANTIZED] or files
+    ranked = sorted(quantized, key=lambda f: f.best_size, reverse=True)
+    for f in ranked:
+        if f.best_size * FIT_MARGIN <= budget:
+            return f, (f"{f.quant}: the largest quantization whose {fmt_bytes(f.best_size)} + 20% fits "
+                       f"the {fmt_bytes(budget)} of {where} available")
+    f = ranked[-1]
+    return f, (f"{f.quant}: the smallest quantization; {fmt_bytes(f.best_size)} does not fit the "
+               f"{fmt_bytes(budget)} of {where} available (it will run partly from disk, slowly)")
+
+
+def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
+    """(file, reason) from the planner's quant-ladder search, or None when it is unavailable or nothing
+    fits (the caller then applies the simple rule)."""
+    try:
+        from localrun.offload.choose import Candidate, choose
+        from localrun.offload.synthetic import spec_from_entry, supported_quants
+    except ImportError:
+        return None
+    by_quant = {(f.quant or "").upper(): f for f in files}
+    ok = set(supported_quants())
+    cands = [Candidate(q, spec_from_entry(entry, q), "catalog") for q in by_quant if q in ok]
+    if not cands:
+        return None
+    chosen, _plans = choose(cands, hw)
+    if chosen is None:
+        return None
+    f = by_quant[chosen.quant.upper()]
+    extra = [r for r in chosen.reasons[1:3]]
+    speed = f"; predicted decode {chosen.decode_tok_s:.1f} tok/s" if chosen.decode_tok_s else ""
+    return f, "; ".join([chosen.reasons[0], *extra]) + speed
+
+
+# --- the download -----------------------------------------------------------------------------
+
+def _disk_free(path: Path) -> int:
+    p = path
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def _file_url(repo: str, file: str, revision: str) -> str:
+    return f"{hub_endpoint()}/{repo}/resolve/{quote(revision, safe='')}/{quote(file)}"
+
+
+def read_sidecar(path: Path) -> dict | None:
+    side = path.with_name(path.name + SIDECAR_SUFFIX)
+    try:
+        return json.loads(side.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _hash_prefix(path: Path, n: int) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = n
+        while left > 0:
+            b = f.read(min(CHUNK_BYTES * 8, left))
+            if not b:
+                break
+            h.update(b)
+            left -= len(b)
+    return h
+
+
+class _Transient(Exception):
+    """A network error in the middle of the body: retried from the bytes already written."""
+
+
+class _State:
+    """Bytes held in the partial file and their running sha256 (kept across retries)."""
+
+    def __init__(self, have: int, h) -> None:
+        self.have, self.h = have, h
+
+
+def _stream_into(out, url, headers, st: _State, total, repo, file, on_progress) -> None:
+    """One GET (ranged when ``st.have`` > 0) appended to ``out``, updating ``st`` chunk by chunk."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    with _hub_errors(repo, file):
+        try:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as r:
+                hf_raise_for_status(r)
+                if st.have and r.status_code == 200:  # the server ignored Range: start over
+                    out.seek(0)
+                    out.truncate()
+                    st.have, st.h = 0, hashlib.sha256()
+                for chunk in r.iter_bytes(CHUNK_BYTES):
+                    out.write(chunk)
+                    st.h.update(chunk)
+                    st.have += len(chunk)
+                    if on_progress:
+                        on_progress(st.have, total or st.have)
+        except Exception as e:
+            if type(e).__module__.startswith(("httpx", "httpcore")) and not hasattr(e, "response"):
+                raise _Transient(str(e)) from e
+            if isinstance(e, (ConnectionError, TimeoutError)):
+                raise _Transient(str(e)) from e
+            raise
+
+
+def download_file(repo: str, file: str, dest: Path, *, revision: str = "main", expected_sha256: str | None = None,
+                  disk_free: Callable[[Path], int] = _disk_free,
+                  on_progress: Callable[[int, int], None] | None = None, retries: int = 3,
+                  force: bool = False) -> dict:
+    """Download ``repo``/``file`` to ``dest`` (via ``dest.partial``), verified; returns the sidecar dict.
+
+    ``on_progress(done_bytes, total_bytes)`` is called per chunk (the Rich bar; tests raise from it to
+    simulate an interruption). Transient network errors are retried ``retries`` times from where the
+    bytes stopped. Raises DownloadError: access, not found, not enough disk space (before any byte is
+    fetched), size or sha256 mismatch (the partial file is deleted; an existing ``dest`` is untouched).
+    """
+    from huggingface_hub import get_hf_file_metadata
+    from huggingface_hub.utils import build_hf_headers
+
+    from localrun.hardware import fmt_bytes
+
+    url = _file_url(repo, file, revision)
+    with _hub_errors(repo, file):
+        meta = get_hf_file_metadata(url, token=_token(), endpoint=hub_endpoint())
+    total = meta.size
+    etag = (meta.etag or "").strip('"')
+    sha256 = (expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None))
+    old_side = read_sidecar(dest) if dest.exists() else None
+    if not force and old_side and sha256 and old_side.get("sha256") == sha256 and dest.stat().st_size == total:
+        return {**old_side, "status": "up-to-date"}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+    pmeta = dest.with_name(dest.name + PARTIAL_SUFFIX + ".json")
+    have = partial.stat().st_size if partial.exists() else 0
+    old = json.loads(pmeta.read_text()) if pmeta.exists() else {}
+    if have and (old.get("etag") != etag or old.get("size") != total or (total and have > total)):
+        partial.unlink()  # a different version of the file: start over
+        have = 0
+    need = (total or 0) - have
+    free = disk_free(dest.parent)
+    if total and need > free:
+        raise DownloadError(
+            f"not enough disk space for {file}: needs {fmt_bytes(need)}, {fmt_bytes(free)} free on "
+            f"{dest.parent}",
+            hint="free some space (`localrun rm MODEL`), or point LOCALRUN_MODELS at a bigger disk")
+    _write_json_atomic(pmeta, {"etag": etag, "size": total, "repo": repo, "file": file})
+    h = _hash_prefix(partial, have) if have else hashlib.sha256()
+    resumed_from = have
+    headers = build_hf_headers(token=_token())
+    headers["Accept-Encoding"] = "identity"
+    attempt = 0
+    st = _State(have, h)
+    with open(partial, "ab") as out:
+        while total is None or st.have < total:
+            if st.have:
+                headers["Range"] = f"bytes={st.have}-"
+            try:
+                _stream_into(out, url, headers, st, total, repo, file, on_progress)
+                if total is None:
+                    total = st.have
+            except _Transient as e:
+                out.flush()
+                attempt += 1
+                if attempt > retries:
+                    raise DownloadError(
+                        f"the connection to {hub_endpoint()} kept failing while downloading {file} ({e.__cause__})",
+                        hint=f"{fmt_bytes(st.have)} are kept in {partial.name}: run the same pull again to resume"
+                    ) from None
+                time.sleep(min(2 ** attempt, 8) * 0.25)
+    have, h = st.have, st.h
+    if have != total:
+        partial.unlink(missing_ok=True)
+        pmeta.unlink(missing_ok=True)
+        raise DownloadError(f"{file}: received {have:,} bytes, the hub says {total:,}",
+                            hint="run the pull again")
+    digest = h.hexdigest()
+    if sha256 and digest != sha256:
+        partial.unlink(missing_ok=True)
+        pmeta.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{file}: sha256 mismatch (got {digest[:16]}…, the hub says {sha256[:16]}…); the download was "
+            "discarded" + (f" and {dest.name} was left as it was" if dest.exists() else ""),
+            hint="run the pull again; if it repeats, the file changed on the hub or a proxy alters it")
+    os.replace(partial, dest)
+    pmeta.unlink(missing_ok=True)
+    side = {"repo": repo, "file": file, "revision": revision, "commit": meta.commit_hash, "size_bytes": total,
+            "sha256": digest, "etag": etag, "quant": quant_from_filename(file), "resumed_from_bytes": resumed_from,
+            "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "status": "resumed" if resumed_from else "downloaded"}
+    return side
+
+
+_SPLIT = re.compile(r"-00001-of-(\d{5})\.gguf$", re.I)
+
+
+def split_parts(file: str) -> list[str]:
+    """``X-00001-of-00003.gguf`` → the three part names (llama.cpp's gguf-split naming); else ``[file]``."""
+    m = _SPLIT.search(file)
+    if not m:
+        return [file]
+    n = int(m.group(1))
+    return [file[: m.start()] + f"-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+
+
+def _check_split_space(repo: str, parts: list[str], folder: Path, revision: str, disk_free) -> None:
+    """Refuse a split download before its first byte when all its parts together do not fit the disk."""
+    from huggingface_hub import get_hf_file_metadata
+
+    from localrun.hardware import fmt_bytes
+
+    need = 0
+    for part in parts:
+        with _hub_errors(repo, part):
+            size = get_hf_file_metadata(_file_url(repo, part, revision), token=_token(),
+                                        endpoint=hub_endpoint()).size or 0
+        done = folder / Path(part).name
+        need += 0 if done.exists() and done.stat().st_size == size else size
+    free = disk_free(folder)
+    if need > free:
+        raise DownloadError(f"not enough disk space for {parts[0]} ({len(parts)} parts): needs {fmt_bytes(need)}, "
+                            f"{fmt_bytes(free)} free on {folder}",
+                            hint="free some space (`localrun rm MODEL`), or point LOCALRUN_MODELS at a bigger disk")
+
+
+def pull(ref: str, *, models_dir: Path | None = None, hardware=None, disk_free: Callable[[Path], int] = _disk_free,
+         on_progress: Callable[[int, int], None] | None = None, on_plan: Callable[[RemoteFile, str], None] | None = None,
+         force: bool = False) -> PullResult:
+    """Resolve ``ref``, choose the file (``choose_quant`` when no quant is given), download it into the
+    store and write its sidecar. A file already there with the hub's sha256 is not fetched again
+    (``status="up-to-date"``) unless ``force``. ``on_plan(file, reason)`` is called before the download.
+    """
+    from localrun.config import get_settings
+
+    t0 = time.monotonic()
+    pref = parse_ref(ref)
+    models_dir = models_dir or get_settings().models_dir
+    files = candidates(pref)
+    if pref.file or pref.quant or len(files) == 1:
+        chosen, reason = files[0], ("the requested file" if pref.file else f"{files[0].quant} as requested")
+    else:
+        if hardware is None:
+            from localrun.hardware import probe_hardware
+
+            hardware = probe_hardware(models_dir)
+        chosen, reason = choose_quant(files, hardware, pref.entry)
+    if on_plan:
+        on_plan(chosen, reason)
+    dest = models_dir / pref.name / Path(chosen.file).name
+    parts = split_parts(chosen.file)
+    if len(parts) > 1:
+        _check_split_space(chosen.repo, parts, dest.parent, pref.revision, disk_free)
+    for part in parts[1:]:  # llama.cpp opens a split GGUF from its first part and finds the rest beside it
+        download_file(chosen.repo, part, dest.parent / Path(part).name, revision=pref.revision,
+                      disk_free=disk_free, on_progress=on_progress, force=force)
+    side = download_file(chosen.repo, chosen.file, dest, revision=pref.revision, expected_sha256=chosen.sha256,
+                         disk_free=disk_free, on_progress=on_progress, force=force)
+    if len(parts) > 1:
+        side["parts"] = [Path(x).name for x in parts]
+        side["size_bytes"] = sum((dest.parent / Path(x).name).stat().st_size for x in parts)
+    status = side.pop("status", "downloaded")
+    side.update(name=pref.name, quant=chosen.quant or side.get("quant"))
+    if status != "up-to-date":
+        _write_json_atomic(dest.with_name(dest.name + SIDECAR_SUFFIX), side)
+    return PullResult(pref.name, chosen.repo, chosen.file, side["quant"], str(dest), side["size_bytes"],
+                      side["sha256"], side.get("commit"), status, reason,
+                      side.get("resumed_from_bytes", 0) if status == "resumed" else 0, time.monotonic() - t0)

@@ -1,0 +1,108 @@
+"""models.toml: schema, unique names, parameter counts consistent with the dimensions, and with real GGUFs."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+
+from localrun.catalog import (QUANT_BPW, CatalogEntry, catalog_path, get_entry, load_catalog, quant_from_filename)
+
+REQUIRED = ("name", "family", "arch", "params_total", "params_active", "n_layer", "n_embd", "n_ff", "n_head",
+            "n_head_kv", "head_dim", "vocab_size", "n_ctx_train", "license", "sources")
+
+
+def expected_params(e: CatalogEntry) -> tuple[int, int]:
+    """(total, active) parameters from the dimensions: embeddings (+ untied output) + per layer
+    attention (q, k, v, o) + FFN (gate, up, down; MoE: n_expert of them + router) + norms.
+
+    The tensor list per architecture is llama.cpp's src/llama-arch.cpp LLM_TENSOR_NAMES; biases and
+    sinks (qwen2 q/k/v bias, gpt-oss attention biases) are the small terms the tolerance absorbs.
+    """
+    d, hd = e.n_embd, e.head_dim
+    emb = e.vocab_size * d * (1 if e.tie_embeddings else 2)
+    attn = d * e.n_head * hd * 2 + d * e.n_head_kv * hd * 2
+    norms = 2 * d + (2 * d if e.arch == "gemma3" else 0) + (2 * hd if e.arch in ("qwen3", "qwen3moe", "gemma3") else 0)
+    if e.arch == "qwen2":
+        attn += (e.n_head + 2 * e.n_head_kv) * hd  # q/k/v biases
+    if e.n_expert:
+        expert = 3 * d * e.n_ff_exp
+        ffn_total = e.n_expert * expert + d * e.n_expert
+        ffn_active = e.n_expert_used * expert + d * e.n_expert
+    else:
+        ffn_total = ffn_active = 3 * d * e.n_ff
+    total = emb + e.n_layer * (attn + ffn_total + norms) + d
+    active = total - e.n_layer * (ffn_total - ffn_active)
+    if e.family == "gpt-oss":
+        active -= e.vocab_size * d  # OpenAI's model card counts active parameters without the embedding table
+    return total, active
+
+
+def test_schema_and_unique_names():
+    raw = tomllib.loads(catalog_path().read_text())["model"]
+    names = [m["name"] for m in raw]
+    assert len(names) == len(set(names)) >= 30
+    for m in raw:
+        missing = [k for k in REQUIRED if k not in m]
+        assert not missing, (m["name"], missing)
+        assert re.fullmatch(r"[a-z0-9][a-z0-9.\-]*", m["name"]), m["name"]
+    for e in load_catalog():
+        assert e.params_active <= e.params_total
+        assert e.n_head % e.n_head_kv == 0, e.name  # GQA groups
+        assert (e.n_expert == 0) == (e.n_expert_used == 0 == e.n_ff_exp), e.name
+        assert e.sliding_window == 0 or e.swa_pattern >= 2, e.name
+        assert e.n_ctx_train >= 2048 and e.license and e.quants, e.name
+        for q, src in e.sources.items():
+            if q == "mlx":
+                assert re.fullmatch(r"[\w.\-]+/[\w.\-]+", src["repo"]), (e.name, src)
+                continue
+            assert q in QUANT_BPW, (e.name, q)
+            assert re.fullmatch(r"[\w.\-]+/[\w.\-]+", src["repo"]) and src["file"].endswith(".gguf"), (e.name, src)
+            # the file name says the quantization it is listed under
+            assert quant_from_filename(src["file"]) == q, (e.name, q, src["file"])
+
+
+def test_files_unique_across_catalog():
+    seen = set()
+    for e in load_catalog():
+        for q, src in e.sources.items():
+            key = (src["repo"], src.get("file"))
+            assert key not in seen, (e.name, q, key)
+            seen.add(key)
+
+
+@pytest.mark.parametrize("entry", load_catalog(), ids=lambda e: e.name)
+def test_params_consistent_with_dimensions(entry):
+    total, active = expected_params(entry)
+    assert entry.params_total == pytest.approx(total, rel=0.02), (entry.name, total)
+    assert entry.params_active == pytest.approx(active, rel=0.05), (entry.name, active)
+
+
+def test_get_entry():
+    assert get_entry("QWEN3-8B:Q4_K_M").name == "qwen3-8b"
+    assert get_entry("nope") is None
+
+
+def test_quant_from_filename():
+    assert quant_from_filename("Qwen3-8B-Q4_K_M.gguf") == "Q4_K_M"
+    assert quant_from_filename("smollm2-135m-instruct-q4_1.gguf") == "Q4_1"
+    assert quant_from_filename("gpt-oss-20b-mxfp4.gguf") == "MXFP4"
+    assert quant_from_filename("x/Llama-3.3-70B-Instruct-IQ4_XS.gguf") == "IQ4_XS"
+    assert quant_from_filename("model.gguf") is None
+
+
+@pytest.mark.parametrize("fixture,name", [("smollm_path", "smollm2-135m-instruct"), ("gemma_path", "gemma-3-270m"),
+                                          ("deepseek_header_path", "deepseek-r1-distill-qwen-7b")])
+def test_catalog_matches_gguf_header(request, fixture, name):
+    from localrun.gguf_info import read_gguf
+
+    spec = read_gguf(request.getfixturevalue(fixture))
+    e = get_entry(name)
+    assert e.params_total == spec.n_params
+    assert (e.arch, e.n_layer, e.n_embd, e.n_ff, e.n_head, e.n_head_kv, e.head_dim, e.vocab_size) == (
+        spec.arch, spec.n_layer, spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv, spec.head_dim_k,
+        spec.vocab_size)
+    assert e.n_ctx_train == spec.n_ctx_train and e.sliding_window == spec.sliding_window
+    assert e.tie_embeddings == (spec.tensor("output.weight") is None)
+    assert e.chat_template == bool(spec.chat_template)

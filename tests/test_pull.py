@@ -1,0 +1,206 @@
+"""`localrun pull` against a loopback stand-in for the Hugging Face Hub (HF_ENDPOINT) serving SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_pull_fakehub import FakeHub, sha256_file
+
+from localrun.errors import DownloadError
+from localrun.hardware import CpuInfo, DiskInfo, GpuInfo, HardwareProfile
+
+REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+FILE = "smollm2-135m-instruct-q4_1.gguf"
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="session")
+def smollm_sha(smollm_path) -> str:
+    return sha256_file(smollm_path)
+
+
+@pytest.fixture
+def hub(smollm_path, smollm_sha, monkeypatch, tmp_path):
+    # a second "quant" (a copy of the same bytes under the Q8_0 name) so the quant choice has two sizes
+    big = tmp_path / "q8.gguf"
+    with open(big, "wb") as f, open(smollm_path, "rb") as src:
+        shutil.copyfileobj(src, f)
+        f.write(b"\0" * (1 << 20))  # a bigger file: 1 MiB more
+    h = FakeHub({REPO: {FILE: smollm_path, "smollm2-135m-instruct-q8_0.gguf": big},
+                 "google/gated-GGUF": {"m-Q4_K_M.gguf": smollm_path}}, shas={smollm_path: smollm_sha})
+    monkeypatch.setenv("HF_ENDPOINT", h.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    yield h
+    h.close()
+
+
+def _hw(ram_gib: float, vram_gib: float = 0) -> HardwareProfile:
+    gpus = [GpuInfo("RTX", "nvidia", "cuda", int(vram_gib * GiB), int(vram_gib * GiB))] if vram_gib else []
+    return HardwareProfile(CpuInfo("cpu", "x86_64", 8, 16), int(ram_gib * GiB), int(ram_gib * GiB), gpus,
+                           DiskInfo("/", 1 << 40, 1 << 40))
+
+
+def test_parse_ref_forms():
+    from localrun.pull import parse_ref
+
+    r = parse_ref("smollm2-135m-instruct:q8_0")
+    assert (r.name, r.quant, r.entry.name) == ("smollm2-135m-instruct", "Q8_0", "smollm2-135m-instruct")
+    r = parse_ref("hf.co/bartowski/Qwen_Qwen3-8B-GGUF:Q4_K_M")
+    assert (r.repo, r.quant, r.file, r.name) == ("bartowski/Qwen_Qwen3-8B-GGUF", "Q4_K_M", None,
+                                                   "bartowski--Qwen_Qwen3-8B-GGUF")
+    r = parse_ref("https://huggingface.co/unsloth/gemma-3-1b-it-GGUF/blob/main/gemma-3-1b-it-Q8_0.gguf")
+    assert (r.repo, r.file, r.quant) == ("unsloth/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q8_0.gguf", "Q8_0")
+    with pytest.raises(DownloadError) as e:
+        parse_ref("no-such-model")
+    assert "catalog" in e.value.message and e.value.hint
+    with pytest.raises(DownloadError):
+        parse_ref("smollm2-135m-instruct:Q2_K")
+
+
+def test_pull_completes_verifies_and_chats(hub, smollm_path, smollm_sha, isolated_home):
+    from localrun.backends import load_engine
+    from localrun.backends.base import Message, SamplingParams
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.pull import pull
+    from localrun.store import resolve_model
+
+    seen = []
+    res = pull("smollm2-135m-instruct:Q4_1", on_progress=lambda d, t: seen.append((d, t)))
+    path = Path(res.path)
+    assert res.status == "downloaded" and res.sha256 == smollm_sha
+    assert path == isolated_home / "models" / "smollm2-135m-instruct" / FILE
+    assert path.stat().st_size == smollm_path.stat().st_size and sha256_file(path) == smollm_sha
+    assert seen[-1] == (path.stat().st_size, path.stat().st_size)
+    assert not list(path.parent.glob("*.partial*"))
+    side = json.loads(path.with_name(path.name + ".localrun.json").read_text())
+    assert side["sha256"] == smollm_sha and side["quant"] == "Q4_1" and side["commit"]
+    # the pulled model resolves by catalog name:QUANT and chats
+    assert resolve_model("smollm2-135m-instruct:Q4_1") == path
+    eng = load_engine(path, simple_plan(read_gguf(path), n_ctx=256))
+    try:
+        text = "".join(c.text for c in eng.chat([Message("user", "Say hello.")],
+                                                 SamplingParams(temperature=0, max_tokens=6)))
+    finally:
+        eng.close()
+    assert text.strip()
+    # a second pull is a no-op
+    n = len(hub.requests)
+    again = pull("smollm2-135m-instruct:Q4_1")
+    assert again.status == "up-to-date"
+    assert not [r for r in hub.requests[n:] if r[0] == "GET" and "/resolve/" in r[1]]
+
+
+def test_interrupted_pull_resumes_byte_identical(hub, smollm_path, smollm_sha, isolated_home):
+    from localrun.pull import pull
+
+    def interrupt(done, total):
+        if done >= 20 << 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull(f"hf.co/{REPO}:Q4_1", on_progress=interrupt)
+    folder = isolated_home / "models" / "HuggingFaceTB--SmolLM2-135M-Instruct-GGUF"
+    partial = folder / (FILE + ".partial")
+    assert partial.stat().st_size >= 20 << 20 and not (folder / FILE).exists()
+    kept = partial.stat().st_size
+    res = pull(f"hf.co/{REPO}:Q4_1")
+    assert res.status == "resumed" and res.resumed_from_bytes == kept
+    gets = [r for r in hub.requests if r[0] == "GET" and r[1].endswith(FILE)]
+    assert gets[-1][2] == f"bytes={kept}-"
+    assert Path(res.path).read_bytes() == smollm_path.read_bytes()
+    assert not partial.exists()
+
+
+def test_dropped_connection_is_resumed_in_process(hub, smollm_path, smollm_sha):
+    from localrun.pull import pull
+
+    hub.drop_after = 5 << 20
+    res = pull(f"hf.co/{REPO}/{FILE}")
+    assert sha256_file(Path(res.path)) == smollm_sha
+    ranges = [r[2] for r in hub.requests if r[0] == "GET" and r[1].endswith(FILE)]
+    assert ranges[0] is None and ranges[1] and ranges[1].startswith("bytes=")
+
+
+def test_checksum_mismatch_rejected_previous_file_untouched(hub, smollm_path, smollm_sha):
+    from localrun.pull import pull
+
+    good = Path(pull("smollm2-135m-instruct:Q4_1").path)
+    before = good.stat().st_mtime_ns
+    hub.sha_override[FILE] = "f" * 64  # the hub now advertises a new version; the bytes do not match it
+    with pytest.raises(DownloadError) as e:
+        pull("smollm2-135m-instruct:Q4_1")
+    assert "sha256 mismatch" in e.value.message and "left as it was" in e.value.message
+    assert good.stat().st_mtime_ns == before and sha256_file(good) == smollm_sha
+    assert not list(good.parent.glob("*.partial*"))
+
+
+def test_not_enough_disk_refused_before_download(hub):
+    from localrun.pull import pull
+
+    with pytest.raises(DownloadError) as e:
+        pull("smollm2-135m-instruct:Q4_1", disk_free=lambda p: 10 << 20)
+    assert "not enough disk space" in e.value.message and "LOCALRUN_MODELS" in e.value.hint
+    assert not [r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]]
+
+
+def test_gated_repo_message(hub, monkeypatch):
+    from localrun.pull import pull
+
+    hub.gated.add("google/gated-GGUF")
+    with pytest.raises(DownloadError) as e:
+        pull("hf.co/google/gated-GGUF/m-Q4_K_M.gguf")
+    assert "gated" in e.value.message and "no HF_TOKEN" in e.value.message and "HF_TOKEN" in e.value.hint
+    monkeypatch.setenv("HF_TOKEN", hub.good_token)
+    res = pull("hf.co/google/gated-GGUF/m-Q4_K_M.gguf")
+    assert res.status == "downloaded"
+
+
+def test_no_quant_chooses_for_the_machine(hub):
+    from localrun.pull import candidates, choose_quant, parse_ref
+
+    files = candidates(parse_ref("smollm2-135m-instruct"))
+    assert {f.quant for f in files} == {"Q4_1", "Q8_0"} and all(f.size_bytes and f.sha256 for f in files)
+    big, why = choose_quant(files, _hw(ram_gib=16))
+    assert big.quant == "Q8_0" and "fits" in why
+    small_budget = int(min(f.size_bytes for f in files) * 1.2) + (512 << 10)  # fits Q4_1 + 20%, not Q8_0
+    small, why = choose_quant(files, _hw(ram_gib=small_budget / GiB))
+    assert small.quant == "Q4_1"
+
+
+def test_cli_pull_json(hub, isolated_home):
+    from typer.testing import CliRunner
+
+    from localrun.cli import app
+
+    r = CliRunner().invoke(app, ["pull", "smollm2-135m-instruct:Q4_1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["status"] == "downloaded" and out["quant"] == "Q4_1" and Path(out["path"]).is_file()
+
+
+def test_split_gguf_pulls_every_part(smollm_path, monkeypatch, tmp_path):
+    from localrun.pull import pull
+
+    data = smollm_path.read_bytes()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(data[: len(data) // 2])
+    b.write_bytes(data[len(data) // 2:])
+    h = FakeHub({"o/big-GGUF": {"big-Q4_K_M-00001-of-00002.gguf": a, "big-Q4_K_M-00002-of-00002.gguf": b}})
+    monkeypatch.setenv("HF_ENDPOINT", h.url)
+    try:
+        with pytest.raises(DownloadError) as e:  # the parts together do not fit: refused before any byte
+            pull("hf.co/o/big-GGUF:Q4_K_M", disk_free=lambda p: len(data) * 3 // 4)
+        assert "2 parts" in e.value.message
+        res = pull("hf.co/o/big-GGUF:Q4_K_M")
+        folder = Path(res.path).parent
+        assert res.size_bytes == len(data)
+        assert (folder / "big-Q4_K_M-00001-of-00002.gguf").read_bytes() + \
+            (folder / "big-Q4_K_M-00002-of-00002.gguf").read_bytes() == data
+    finally:
+        h.close()
