@@ -1,0 +1,136 @@
+"""`localrun serve [MODEL]`: the OpenAI- and Ollama-compatible HTTP API (see localrun/server/)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import List, Optional
+
+import typer
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``; any other name or address counts as exposed."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None, insecure: bool) -> None:
+    """Refuse to expose the API beyond this machine without a key. Raises ConfigError."""
+    from localrun.errors import ConfigError
+
+    if not is_loopback(host) and not api_key and not insecure:
+        raise ConfigError(
+            f"refusing to listen on {host} without an API key: anyone who can reach this machine could use it",
+            hint="set --api-key KEY (or LOCALRUN_API_KEY), bind --host 127.0.0.1, or pass --insecure if the "
+            "network is trusted")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail fast (before loading the model) when ``host:port`` cannot be bound. Raises ConfigError."""
+    import socket
+
+    from localrun.errors import ConfigError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e})",
+                              hint="another server uses this port: pick another with --port (or LOCALRUN_PORT)") from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        model: Optional[str] = typer.Argument(None, help="A .gguf path or a model name (default: the embedded SmolLM2)."),
+        host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default 127.0.0.1; LOCALRUN_HOST)."),
+        port: Optional[int] = typer.Option(None, "--port", help="Port (default 11500; LOCALRUN_PORT)."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' (LOCALRUN_API_KEY)."),
+        insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
+        cors_origin: List[str] = typer.Option([], "--cors-origin", help="Allow browser requests from this origin (repeatable)."),
+        parallel: int = typer.Option(4, "--parallel", "-np", min=1, max=256, help="Sequences decoded together."),
+        ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=64, help="Context per sequence, tokens."),
+        max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for a slot (503 past it)."),
+        chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chatml|llama3|gemma|mistral|phi3|FILE."),
+        alias: Optional[str] = typer.Option(None, "--alias", help="Model id reported to clients (default: file name)."),
+        threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
+        force: bool = typer.Option(False, "--force", help="Load even when the plan says it does not fit."),
+        log_prompts: bool = typer.Option(False, "--log-prompts", help="Include prompt text in the request log."),
+        log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
+    ) -> None:
+        """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
+        and Ollama (/api/chat, /api/generate, /api/tags, /api/show, /api/ps) wire formats, with continuous
+        batching, prefix caching, /health and Prometheus /metrics."""
+        from localrun.config import get_settings
+
+        settings = get_settings(host=host, port=port, api_key=api_key)
+        check_bind(settings.host, settings.api_key, insecure)
+        check_port_free(settings.host, settings.port)
+        run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue,
+                   chat_template=chat_template, alias=alias, threads=threads, force=force,
+                   cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level)
+
+
+def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
+                     force: bool, chat_template: str | None):
+    """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …"""
+    from localrun.backends import load_engine
+    from localrun.errors import ConfigError
+    from localrun.gguf_info import read_gguf
+    from localrun.hardware import probe_hardware
+    from localrun.offload.plan import check_fits, plan_for_run
+    from localrun.store import resolve_model
+
+    if settings.backend not in (None, "llamacpp"):
+        raise ConfigError(f"`localrun serve` runs on the llama.cpp backend, not {settings.backend!r}",
+                          hint="unset LOCALRUN_BACKEND (continuous batching needs llama.cpp's multi-sequence "
+                          "context)")
+    path = resolve_model(model, settings.models_dir)
+    spec = read_gguf(path)
+    spec.check_complete()
+    hw = probe_hardware(settings.models_dir)
+    plan = plan_for_run(spec, hw, n_ctx=ctx, n_parallel=parallel, backend="llamacpp")
+    check_fits(plan, force)
+    if threads:
+        plan.n_threads = plan.n_threads_batch = threads
+    template = None
+    if chat_template:
+        from localrun.chat_template import load_template
+
+        template = load_template(chat_template)
+    engine = load_engine(path, plan, chat_template=template, spec=spec)
+    return engine, plan, hw.to_dict()
+
+
+def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
+               cors_origins, log_prompts, log_level) -> None:
+    import logging
+
+    import uvicorn
+
+    from localrun.render import stderr
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine, plan, hw = load_for_serving(model, settings, parallel=parallel, ctx=ctx, threads=threads,
+                                        force=force, chat_template=chat_template)
+    options = ServeOptions(model_id=alias or "", api_key=settings.api_key, cors_origins=list(cors_origins),
+                           log_prompts=log_prompts, max_queue=max_queue, plan=plan, hardware=hw)
+    app = create_app(engine, settings, options)
+    st = app.state.localrun
+    url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    stderr().print(f"localrun: serving [bold]{st.model_id}[/] on http://{url_host}:{settings.port} "
+                   f"({engine.n_parallel} parallel × {engine.n_ctx} tokens"
+                   f"{', API key required' if settings.api_key else ''}) — OpenAI base URL "
+                   f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}")
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level.lower(), access_log=False)
+    finally:
+        engine.close()

@@ -1,0 +1,188 @@
+"""``create_app(engine, settings, options)``: the FastAPI app behind ``localrun serve``.
+
+One app = one ``ServerState`` (engine, scheduler thread, metrics registry); nothing is module-global,
+so tests run several apps in one process. The scheduler thread starts and stops with the app's lifespan.
+
+Around every route:
+* ``_Gate`` (pure ASGI): ``Authorization: Bearer <key>`` when an API key is set (``/health`` stays open),
+  one log line per request (method, path, status, seconds, tokens, TTFT; the prompt only with
+  ``log_prompts``), and the ``localrun_requests_total`` counter;
+* exception handlers: a ``LocalrunError`` → status by type (``errors.error_info``), a pydantic
+  ``ValidationError`` → 400 naming the field, anything else → 500; the server keeps serving. Bodies are
+  OpenAI's ``{"error": {...}}``, or Ollama's ``{"error": "..."}`` under ``/api/``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from localrun.errors import LocalrunError
+from localrun.server.errors import QueueFullError, error_body, error_info
+from localrun.server.metrics import ServerMetrics
+from localrun.server.runtime import ClientGone, ServeOptions, ServerState
+
+log = logging.getLogger("localrun.server")
+
+_KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
+                "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/health", "/metrics"}
+
+
+def create_app(engine, settings, options: ServeOptions | None = None, *, embedder_factory=None):
+    """Build the app for a loaded ``engine`` (``LlamaCppEngine``: ``acquire_slot``/``start``/``step``/
+    ``release``). ``embedder_factory(engine)`` makes the ``/v1/embeddings`` context on first use (default:
+    ``LlamaCppEmbedder`` for llama.cpp engines)."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, Response
+
+    from localrun.server import ollama_api, openai_api
+
+    options = options or ServeOptions(api_key=settings.api_key)
+    if embedder_factory is None and engine.backend == "llamacpp":
+        from localrun.backends.llamacpp_embed import LlamaCppEmbedder
+
+        embedder_factory = LlamaCppEmbedder
+    metrics = ServerMetrics(getattr(engine, "n_parallel", 1), engine.n_ctx * getattr(engine, "n_parallel", 1))
+    st = ServerState(engine, settings, options, metrics, embedder_factory)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        st.scheduler.start()
+        try:
+            yield
+        finally:
+            st.close()
+
+    app = FastAPI(title="localrun", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.localrun = st
+
+    def _err(request, status: int, body: dict, headers: dict | None = None):
+        if request.url.path.startswith("/api/"):
+            body = {"error": body["error"]["message"]}
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(LocalrunError)
+    async def _localrun_error(request: Request, exc: LocalrunError):
+        status, body = error_info(exc)
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError) else None
+        return _err(request, status, body, headers)
+
+    @app.exception_handler(ValidationError)
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = f"{loc or 'body'}: {first.get('msg', 'invalid value')}"
+        return _err(request, 400, error_body(msg, param=loc or None, code="invalid_value"))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        return _err(request, exc.status_code, error_body(str(exc.detail), code="not_found" if exc.status_code == 404
+                                                         else None), getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone):
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return _err(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", etype="server_error"))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": st.model_id, "active_sequences": st.scheduler.n_running,
+                "queued": st.scheduler.n_waiting, "n_parallel": getattr(engine, "n_parallel", 1)}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    openai_api.register(app, st)
+    ollama_api.register(app, st)
+
+    if options.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_middleware(_Gate, state=st)
+    return app
+
+
+class _Gate:
+    """Pure-ASGI middleware: API-key check, per-request log line, request counter."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app = app
+        self.st = state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope.get("path", ""), scope.get("method", "")
+        key = self.st.options.api_key
+        if key and path != "/health" and method != "OPTIONS" and not _authorized(scope, key):
+            await _send_json(send, 401, _unauthorized_body(path),
+                             [(b"www-authenticate", b'Bearer realm="localrun"')])
+            return self._log(scope, method, path, 401, 0.0)
+        t0 = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_wrapper(msg):
+            if msg["type"] == "http.response.start":
+                status["code"] = msg["status"]
+            await send(msg)
+            if msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                self._log(scope, method, path, status["code"], time.perf_counter() - t0)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except OSError:  # the client went away mid-response
+            self._log(scope, method, path, 499, time.perf_counter() - t0)
+
+    def _log(self, scope, method: str, path: str, status: int, dt_s: float) -> None:
+        endpoint = path if path in _KNOWN_PATHS else "other"
+        self.st.metrics.requests.labels(endpoint, str(status)).inc()
+        info = (scope.get("state") or {}).get("localrun") or {}
+        client = scope.get("client") or ("-", 0)
+        extra = " ".join(f"{k}={v!r}" if k == "prompt" else f"{k}={v}" for k, v in info.items())
+        log.info("%s %s %s %d %.3fs %s", client[0], method, path, status, dt_s, extra)
+
+
+def _authorized(scope, key: str) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            v = value.decode("latin-1")
+            if v.lower().startswith("bearer "):
+                return hmac.compare_digest(v[7:].strip().encode(), key.encode())
+    return False
+
+
+def _unauthorized_body(path: str) -> dict:
+    msg = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+    if path.startswith("/api/"):
+        return {"error": msg}
+    return error_body(msg, code="invalid_api_key")
+
+
+async def _send_json(send, status: int, body: dict, headers: list | None = None) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+                + (headers or [])})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _version() -> str:
+    from localrun import __version__
+
+    return __version__

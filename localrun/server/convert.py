@@ -1,0 +1,265 @@
+"""Pure converters between the wire formats (``schemas.py``) and the engine's data (``backends/base.py``).
+
+No I/O, no engine, no globals: request → (``Message`` list, ``SamplingParams``, grammar), and engine
+``Chunk``/``Stats`` → OpenAI / Ollama response dicts. Durations in Ollama's format are nanoseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Sequence
+
+from localrun.backends.base import Message, SamplingParams, Stats, TokenLogprob
+from localrun.server.errors import RequestError
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def _content_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content)
+
+
+def messages_from_openai(msgs) -> list[Message]:
+    """OpenAI messages → ``Message``s (``developer`` → ``system``; text parts joined).
+
+    Raises RequestError on an empty list or a user/system message without content.
+    """
+    if not msgs:
+        raise RequestError("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        text = _content_text(m.content)
+        if m.content is None and m.role in ("system", "developer", "user"):
+            raise RequestError(f"messages[{i}] ({m.role}) has no content", param=f"messages.{i}.content")
+        role = "system" if m.role == "developer" else m.role
+        out.append(Message(role=role, content=text, tool_calls=m.tool_calls, name=m.name))
+    return out
+
+
+def grammar_for(response_format) -> str | None:
+    """``response_format`` → GBNF (llama-cpp-python's JSON_GBNF / json_schema_to_gbnf, a port of
+    llama.cpp's examples/json_schema_to_grammar.py). Raises RequestError on a schema it cannot convert."""
+    if response_format is None or response_format.type == "text":
+        return None
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    if response_format.type == "json_object":
+        return JSON_GBNF
+    js = response_format.json_schema
+    if js is None or js.schema_ is None:
+        raise RequestError("response_format json_schema needs json_schema.schema",
+                           param="response_format.json_schema")
+    return schema_grammar(js.schema_, "response_format.json_schema.schema")
+
+
+def schema_grammar(schema: dict, param: str) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter raises assorted errors on schemas it does not handle
+        raise RequestError(f"cannot turn this JSON schema into a grammar: {e}", param=param) from None
+
+
+def _logit_bias(raw: dict | None) -> dict[int, float]:
+    out = {}
+    for k, v in (raw or {}).items():
+        try:
+            out[int(k)] = max(-100.0, min(100.0, float(v)))
+        except (TypeError, ValueError):
+            raise RequestError(f"logit_bias key {k!r} is not a token id", param="logit_bias") from None
+    return out
+
+
+def sampling_from_openai(req, *, max_tokens: int | None, logprobs: int | None,
+                         grammar: str | None = None) -> SamplingParams:
+    """OpenAI sampling fields → ``SamplingParams``; unset fields keep llama.cpp's defaults."""
+    if req.n != 1:
+        raise RequestError("n > 1 is not supported: send separate requests (they are batched together)",
+                           param="n", code="unsupported_value")
+    p = SamplingParams(max_tokens=max_tokens, stop=list(req.stop or []), logprobs=logprobs, grammar=grammar,
+                       logit_bias=_logit_bias(req.logit_bias))
+    for f in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+              "repeat_penalty", "repeat_last_n"):
+        v = getattr(req, f)
+        if v is not None:
+            setattr(p, f, v)
+    return p
+
+
+def sampling_from_ollama(opts, fmt) -> SamplingParams:
+    """Ollama ``options`` + ``format`` → ``SamplingParams`` (``num_predict`` -1/-2/None = unlimited)."""
+    p = SamplingParams()
+    if opts is not None:
+        for f in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                  "repeat_penalty", "repeat_last_n"):
+            v = getattr(opts, f)
+            if v is not None:
+                setattr(p, f, v)
+        if opts.num_predict is not None and opts.num_predict > 0:
+            p.max_tokens = opts.num_predict
+        elif opts.num_predict == 0:
+            raise RequestError("options.num_predict must be > 0 (or -1 for unlimited)", param="options.num_predict")
+        p.stop = [s for s in (opts.stop or []) if s]
+    if fmt == "json":
+        from llama_cpp.llama_grammar import JSON_GBNF
+
+        p.grammar = JSON_GBNF
+    elif isinstance(fmt, dict):
+        p.grammar = schema_grammar(fmt, "format")
+    return p
+
+
+def template_supports_tools(source: str | None) -> bool:
+    """Whether a Jinja chat template renders a ``tools`` list (HF templates that support tool use read it)."""
+    return bool(source) and re.search(r"\btools\b", source) is not None
+
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict] | None]:
+    """Find tool calls in generated text → (remaining content, OpenAI ``tool_calls`` or None).
+
+    Understands Hermes/Qwen's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks and a
+    reply that is just such a JSON object (Llama 3.1's ``{"name": ..., "parameters": {...}}``).
+    """
+    blobs = _TOOL_CALL_RE.findall(text)
+    rest = _TOOL_CALL_RE.sub("", text).strip() if blobs else text
+    if not blobs and text.strip().startswith("{"):
+        blobs, rest = [text.strip()], ""
+    calls = []
+    for b in blobs:
+        try:
+            obj = json.loads(b)
+        except ValueError:
+            return text, None
+        if not isinstance(obj, dict) or "name" not in obj:
+            return text, None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                      "function": {"name": str(obj["name"]),
+                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return rest, calls or None
+
+
+# ---------------------------------------------------------------------------------------------- OpenAI out
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(stats: Stats | None) -> dict:
+    s = stats or Stats()
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+            "total_tokens": s.prompt_tokens + s.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
+
+
+def chat_logprobs(lps: Sequence[TokenLogprob]) -> dict:
+    """Engine logprobs → OpenAI chat ``choices[].logprobs`` (``{"content": [...]}``)."""
+    return {"content": [
+        {"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+         "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]}
+        for t in lps]}
+
+
+def completion_logprobs(lps: Sequence[TokenLogprob], text_offset0: int = 0) -> dict:
+    """Engine logprobs → legacy completions ``logprobs`` (parallel lists)."""
+    offsets, off = [], text_offset0
+    for t in lps:
+        offsets.append(off)
+        off += len(t.token)
+    return {"tokens": [t.token for t in lps], "token_logprobs": [t.logprob for t in lps],
+            "top_logprobs": [dict(t.top) for t in lps], "text_offset": offsets}
+
+
+def chat_response(rid: str, created: int, model: str, text: str, finish: str, stats: Stats | None,
+                  logprobs: list[TokenLogprob] | None = None, tool_calls: list[dict] | None = None) -> dict:
+    msg: dict = {"role": "assistant", "content": text if (text or not tool_calls) else None}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+        finish = "tool_calls"
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": msg, "finish_reason": _finish(finish),
+                         "logprobs": chat_logprobs(logprobs) if logprobs is not None else None}],
+            "usage": usage(stats)}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None,
+               logprobs: list[TokenLogprob] | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": _finish(finish),
+                         "logprobs": chat_logprobs(logprobs) if logprobs else None}]}
+
+
+def usage_chunk(rid: str, created: int, model: str, stats: Stats | None, obj: str) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage(stats)}
+
+
+def completion_response(rid: str, created: int, model: str, text: str, finish: str | None,
+                        stats: Stats | None, logprobs: dict | None = None, *, obj: str = "text_completion") -> dict:
+    d = {"id": rid, "object": obj, "created": created, "model": model,
+         "choices": [{"index": 0, "text": text, "finish_reason": _finish(finish), "logprobs": logprobs}]}
+    if stats is not None:
+        d["usage"] = usage(stats)
+    return d
+
+
+def _finish(reason: str | None) -> str | None:
+    return "stop" if reason == "cancelled" else reason
+
+
+def sse(obj) -> str:
+    """One Server-Sent Event carrying ``obj`` as JSON (OpenAI's stream framing)."""
+    return "data: " + json.dumps(obj, separators=(",", ":")) + "\n\n"
+
+
+# ---------------------------------------------------------------------------------------------- Ollama out
+
+
+def ollama_now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def ollama_final_fields(stats: Stats | None, finish: str | None, t_total_s: float) -> dict:
+    """Ollama's closing fields; durations are nanoseconds (api/types.go ``Metrics``)."""
+    s = stats or Stats()
+    ns = lambda x: int(x * 1e9)  # noqa: E731
+    return {"done": True, "done_reason": finish or "stop", "total_duration": ns(t_total_s),
+            "load_duration": 0, "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
+            "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens,
+            "eval_duration": ns(s.decode_s)}
+
+
+def ollama_details(spec) -> dict:
+    n = spec.n_params
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    return {"parent_model": "", "format": "gguf", "family": spec.arch, "families": [spec.arch],
+            "parameter_size": size, "quantization_level": spec.file_type}
+
+
+def ollama_model_entry(name: str, spec, path: str, mtime_s: float) -> dict:
+    return {"name": name, "model": name,
+            "modified_at": datetime.fromtimestamp(mtime_s, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "size": spec.file_bytes, "digest": _digest(path, spec.file_bytes), "details": ollama_details(spec)}
+
+
+def _digest(path: str, size: int) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{path}:{size}".encode()).hexdigest()
+
+
+def now_s() -> int:
+    return int(time.time())

@@ -1,0 +1,192 @@
+"""Ollama wire format: ``/api/chat``, ``/api/generate`` (NDJSON streaming), ``/api/tags``, ``/api/show``,
+``/api/ps``, ``/api/version`` (Ollama docs/api.md). Errors are ``{"error": "message"}``.
+
+``/api/ps`` adds a ``localrun`` field with the load plan and memory use (``localrun ps`` reads it).
+``model`` in requests is accepted as-is: the server holds one model and answers with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from fastapi import FastAPI, Request
+
+from localrun.backends.base import Message
+from localrun.errors import LocalrunError
+from localrun.server import convert as cv
+from localrun.server.runtime import ServerState
+from localrun.server.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
+
+
+def _line(obj) -> str:
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def register(app: FastAPI, st: ServerState) -> None:
+    @app.get("/api/version")
+    async def version() -> dict:
+        from localrun import __version__
+
+        return {"version": __version__}
+
+    @app.get("/api/tags")
+    async def tags() -> dict:
+        return {"models": [_entry(st)]}
+
+    @app.post("/api/show")
+    async def show(request: Request) -> dict:
+        OllamaShowRequest.model_validate(await st.read_json(request, lenient_type=True))
+        spec = st.spec
+        tpl = getattr(getattr(st.engine, "_template", None), "source", "") or ""
+        caps = ["completion"] + (["tools"] if cv.template_supports_tools(tpl) else []) + ["embedding"]
+        info = {"general.architecture": spec.arch, "general.name": spec.name,
+                "general.parameter_count": spec.n_params, "general.file_type": spec.file_type,
+                f"{spec.arch}.context_length": spec.n_ctx_train, f"{spec.arch}.block_count": spec.n_layer,
+                f"{spec.arch}.embedding_length": spec.n_embd, f"{spec.arch}.attention.head_count": spec.n_head,
+                f"{spec.arch}.attention.head_count_kv": spec.n_head_kv}
+        return {"license": "", "modelfile": f"FROM {st.engine.model_path}\n", "parameters": "",
+                "template": tpl, "details": cv.ollama_details(spec), "model_info": info,
+                "capabilities": caps, "modified_at": _entry(st)["modified_at"]}
+
+    @app.get("/api/ps")
+    async def ps() -> dict:
+        e = _entry(st)
+        plan = st.options.plan
+        kv_bytes = int(getattr(plan, "kv_cache_bytes", 0) or 0)
+        weights = int(getattr(plan, "weights_bytes", 0) or st.spec.tensor_bytes)
+        vram = int(getattr(plan, "vram_bytes", 0) or 0)
+        e.update(expires_at="0001-01-01T00:00:00Z", size=weights + kv_bytes, size_vram=vram,
+                 context_length=st.engine.n_ctx)
+        e["localrun"] = {
+            "plan": plan.to_dict() if plan is not None else None,
+            "memory": {"rss_bytes": _rss_bytes(), "weights_bytes": weights, "kv_cache_bytes": kv_bytes,
+                       "vram_bytes": vram, "kv_cells_used": st.engine.kv_cells_used(),
+                       "kv_cells_total": st.engine.n_ctx * st.engine.n_parallel},
+            "n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel,
+            "active_sequences": st.scheduler.n_running, "queued": st.scheduler.n_waiting,
+            "path": st.engine.model_path, "uptime_s": round(time.time() - st.started_s, 1),
+            "hardware": st.options.hardware,
+        }
+        return {"models": [e]}
+
+    @app.post("/api/chat")
+    async def chat(request: Request):
+        req = OllamaChatRequest.model_validate(await st.read_json(request, lenient_type=True))
+        if not req.messages:  # Ollama: an empty chat loads the model and returns at once
+            return {"model": st.model_id, "created_at": cv.ollama_now(), "message": {"role": "assistant", "content": ""},
+                    "done_reason": "load", "done": True}
+        params = cv.sampling_from_ollama(req.options, req.format)
+        tools = [t.model_dump() for t in req.tools] if req.tools else None
+        if tools and not cv.template_supports_tools(getattr(getattr(st.engine, "_template", None), "source", None)):
+            from localrun.server.errors import RequestError
+
+            raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
+        msgs = [Message(role=m.role, content=m.content, tool_calls=m.tool_calls) for m in req.messages]
+        prompt, tokens = await st.chat_tokens(msgs, tools)
+        t0 = time.perf_counter()
+        job = await st.start(request, tokens, params)
+
+        def done_line(text, c):
+            msg = {"role": "assistant", "content": text}
+            if tools:
+                content, calls = cv.parse_tool_calls(text)
+                if calls:
+                    msg = {"role": "assistant", "content": content,
+                           "tool_calls": [{"function": {"name": tc["function"]["name"],
+                                                        "arguments": json.loads(tc["function"]["arguments"])}}
+                                          for tc in calls]}
+            return {"model": st.model_id, "created_at": cv.ollama_now(), "message": msg,
+                    **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0)}
+
+        if not req.stream:
+            text, last, _ = await st.collect(request, job)
+            st.note(request, last.stats, last.finish_reason, prompt)
+            return done_line(text, last)
+
+        async def lines():
+            held = []
+            try:
+                async for c in st.chunks(job):
+                    if c.finish_reason is None:
+                        if tools:
+                            held.append(c.text)
+                        elif c.text:
+                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(),
+                                         "message": {"role": "assistant", "content": c.text}, "done": False})
+                    else:
+                        st.note(request, c.stats, c.finish_reason, prompt)
+                        yield _line(done_line("".join(held) + c.text if tools else c.text, c))
+            except LocalrunError as e:
+                yield _line({"error": e.message})
+
+        return st.stream(job, lines(), "application/x-ndjson")
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        req = OllamaGenerateRequest.model_validate(await st.read_json(request, lenient_type=True))
+        if not req.prompt and not req.system:
+            return {"model": st.model_id, "created_at": cv.ollama_now(), "response": "", "done": True,
+                    "done_reason": "load"}
+        params = cv.sampling_from_ollama(req.options, req.format)
+        if req.raw or not st.engine.has_chat_template:
+            prompt = (req.system + "\n\n" if req.system and not req.raw else "") + req.prompt
+            tokens = (req.context or []) + await st.text_tokens(prompt)
+            st.check_fits(tokens)
+        else:
+            msgs = ([Message("system", req.system)] if req.system else []) + [Message("user", req.prompt)]
+            prompt, tokens = await st.chat_tokens(msgs)
+        t0 = time.perf_counter()
+        job = await st.start(request, tokens, params)
+        out_ids: list[int] = []
+
+        def done_line(text, c):
+            return {"model": st.model_id, "created_at": cv.ollama_now(), "response": text,
+                    "context": tokens + out_ids,
+                    **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0)}
+
+        if not req.stream:
+            parts, last = [], None
+            async for c in st.chunks(job, request):
+                parts.append(c.text)
+                if c.token_id is not None:
+                    out_ids.append(c.token_id)
+                last = c
+            st.note(request, last.stats, last.finish_reason, prompt)
+            return done_line("".join(parts), last)
+
+        async def lines():
+            try:
+                async for c in st.chunks(job):
+                    if c.token_id is not None:
+                        out_ids.append(c.token_id)
+                    if c.finish_reason is None:
+                        if c.text:
+                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text,
+                                         "done": False})
+                    else:
+                        st.note(request, c.stats, c.finish_reason, prompt)
+                        yield _line(done_line(c.text, c))
+            except LocalrunError as e:
+                yield _line({"error": e.message})
+
+        return st.stream(job, lines(), "application/x-ndjson")
+
+
+def _entry(st: ServerState) -> dict:
+    path = st.engine.model_path
+    try:
+        mtime = os.path.getmtime(path)
+    except OSError:
+        mtime = st.started_s
+    return cv.ollama_model_entry(st.model_id, st.spec, path, mtime)
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # pragma: no cover
+        return 0

@@ -1,0 +1,177 @@
+"""OpenAI wire format: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``.
+
+Streaming answers are Server-Sent Events (``data: {json}\\n\\n`` … ``data: [DONE]``), one event per
+token chunk, as OpenAI's API sends them. An error after the stream started arrives as an
+``data: {"error": {...}}`` event (the status line is already sent).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+
+from localrun.errors import LocalrunError
+from localrun.server import convert as cv
+from localrun.server.errors import RequestError, error_info
+from localrun.server.runtime import ServerState
+from localrun.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+
+def register(app: FastAPI, st: ServerState) -> None:
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(st)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        return _model_card(st)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = ChatCompletionRequest.model_validate(await st.read_json(request))
+        messages = cv.messages_from_openai(req.messages)
+        tools = _tools(st, req)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        params = cv.sampling_from_openai(req, max_tokens=max_tokens, logprobs=top,
+                                         grammar=cv.grammar_for(req.response_format))
+        prompt, tokens = await st.chat_tokens(messages, tools)
+        job = await st.start(request, tokens, params)
+        rid, created = cv.new_id("chatcmpl"), cv.now_s()
+        if not req.stream:
+            text, last, lps = await st.collect(request, job)
+            st.note(request, last.stats, last.finish_reason, prompt)
+            content, calls = cv.parse_tool_calls(text) if tools else (text, None)
+            return cv.chat_response(rid, created, st.model_id, content, last.finish_reason, last.stats,
+                                    lps if top is not None else None, calls)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        async def events():
+            yield cv.sse(cv.chat_chunk(rid, created, st.model_id, {"role": "assistant", "content": ""}))
+            held = []  # with tools, the reply is parsed for tool calls at the end
+            try:
+                async for c in st.chunks(job):
+                    if c.text or c.logprobs:
+                        if tools:
+                            held.append(c.text)
+                        else:
+                            yield cv.sse(cv.chat_chunk(rid, created, st.model_id, {"content": c.text},
+                                                       logprobs=c.logprobs))
+                    if c.finish_reason is not None:
+                        finish = c.finish_reason
+                        if tools:
+                            content, calls = cv.parse_tool_calls("".join(held))
+                            delta = {"tool_calls": [dict(tc, index=i) for i, tc in enumerate(calls)]} if calls \
+                                else {"content": content}
+                            finish = "tool_calls" if calls else finish
+                            yield cv.sse(cv.chat_chunk(rid, created, st.model_id, delta))
+                        yield cv.sse(cv.chat_chunk(rid, created, st.model_id, {}, finish))
+                        st.note(request, c.stats, c.finish_reason, prompt)
+                        if include_usage:
+                            yield cv.sse(cv.usage_chunk(rid, created, st.model_id, c.stats, "chat.completion.chunk"))
+            except LocalrunError as e:
+                yield cv.sse(error_info(e)[1])
+            yield "data: [DONE]\n\n"
+
+        return st.stream(job, events(), "text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = CompletionRequest.model_validate(await st.read_json(request))
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise RequestError("only one prompt per request is supported (send several requests: they are "
+                                   "batched together)", param="prompt", code="unsupported_value")
+            prompt = prompt[0]
+        if req.suffix:
+            raise RequestError("suffix (fill-in-the-middle) is not supported", param="suffix",
+                               code="unsupported_value")
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
+        params = cv.sampling_from_openai(req, max_tokens=max_tokens, logprobs=req.logprobs)
+        tokens = await st.text_tokens(prompt)
+        job = await st.start(request, tokens, params)
+        rid, created = cv.new_id("cmpl"), cv.now_s()
+        echo = prompt if (req.echo and isinstance(prompt, str)) else ""
+        log_prompt = prompt if isinstance(prompt, str) else None
+        if not req.stream:
+            text, last, lps = await st.collect(request, job)
+            st.note(request, last.stats, last.finish_reason, log_prompt)
+            lp = cv.completion_logprobs(lps, len(echo)) if req.logprobs is not None else None
+            return cv.completion_response(rid, created, st.model_id, echo + text, last.finish_reason,
+                                          last.stats, lp)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        async def events():
+            try:
+                if echo:
+                    yield cv.sse(cv.completion_response(rid, created, st.model_id, echo, None, None))
+                async for c in st.chunks(job):
+                    lp = cv.completion_logprobs(c.logprobs) if (c.logprobs and req.logprobs is not None) else None
+                    if c.text or c.finish_reason is not None:
+                        yield cv.sse(cv.completion_response(rid, created, st.model_id, c.text, c.finish_reason,
+                                                            None, lp))
+                    if c.finish_reason is not None:
+                        st.note(request, c.stats, c.finish_reason, log_prompt)
+                        if include_usage:
+                            yield cv.sse(cv.usage_chunk(rid, created, st.model_id, c.stats, "text_completion"))
+            except LocalrunError as e:
+                yield cv.sse(error_info(e)[1])
+            yield "data: [DONE]\n\n"
+
+        return st.stream(job, events(), "text/event-stream")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        req = EmbeddingRequest.model_validate(await st.read_json(request))
+        inp = req.input
+        if isinstance(inp, str) or (isinstance(inp, list) and inp and isinstance(inp[0], int)):
+            inp = [inp]
+        if not inp:
+            raise RequestError("'input' must not be empty", param="input")
+        if len(inp) > 256:
+            raise RequestError("at most 256 inputs per request", param="input")
+        token_lists = [await st.text_tokens(x) for x in inp]
+
+        def run(engine):
+            emb = st.embedder(engine)
+            return [emb.embed(t) for t in token_lists]
+
+        vectors = await st.call(request, run)
+        n = sum(len(t) for t in token_lists)
+        return {"object": "list", "model": st.model_id,
+                "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
+                         for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def _encode(vec: list[float], fmt: str):
+    """``float``: a JSON list; ``base64``: little-endian float32 bytes, base64 (what the openai client asks for)."""
+    if fmt == "float":
+        return vec
+    import base64
+    import struct
+
+    return base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+
+
+def _model_card(st: ServerState) -> dict:
+    return {"id": st.model_id, "object": "model", "created": int(st.started_s), "owned_by": "localrun",
+            "meta": {"n_ctx": st.engine.n_ctx, "n_parallel": getattr(st.engine, "n_parallel", 1),
+                     "path": st.engine.model_path}}
+
+
+def _tools(st: ServerState, req: ChatCompletionRequest) -> list[dict] | None:
+    """Tools for the chat template, or a 400 when this model's template has no tool support."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    tpl = getattr(getattr(st.engine, "_template", None), "source", None)
+    if not cv.template_supports_tools(tpl):
+        raise RequestError(f"{st.model_id}'s chat template does not support tools",
+                           param="tools", code="tools_unsupported",
+                           hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "
+                           "or send the request without tools")
+    if req.tool_choice not in (None, "auto"):
+        raise RequestError("only tool_choice 'auto' or 'none' is supported", param="tool_choice",
+                           code="unsupported_value")
+    return [t.model_dump() for t in req.tools]
+

@@ -1,0 +1,261 @@
+"""Per-app server state and the request plumbing shared by the OpenAI and Ollama routes.
+
+``ServerState`` is created by ``create_app`` (one per app; nothing module-global). Its helpers turn a
+request into engine tokens, submit a ``Job`` to the scheduler, wait for admission, stream ``Chunk``s, and
+cancel the job when the client goes away (``http.disconnect`` or a failed send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from localrun.backends.base import Chunk, Message, SamplingParams, Stats
+from localrun.errors import ContextOverflowError
+from localrun.server.errors import RequestError
+from localrun.server.scheduler import Job, Scheduler
+
+MiB = 1024 * 1024
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (nobody reads the response)."""
+
+
+@dataclass
+class ServeOptions:
+    """What ``localrun serve`` adds to ``Settings``. ``max_body_bytes`` bounds a request body (413 past it)."""
+
+    model_id: str = ""
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=list)
+    log_prompts: bool = False
+    max_queue: int = 64
+    max_body_bytes: int = 8 * MiB
+    plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
+    hardware: dict | None = None
+
+
+class ServerState:
+    """Everything one app instance holds: engine, scheduler, metrics, options, model facts."""
+
+    def __init__(self, engine, settings, options: ServeOptions, metrics, embedder_factory=None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.options = options
+        self.metrics = metrics
+        self.scheduler = Scheduler(engine, metrics, max_queue=options.max_queue)
+        self.spec = getattr(engine, "spec", None)
+        self.model_id = options.model_id or os.path.basename(engine.model_path).removesuffix(".gguf")
+        self.started_s = time.time()
+        self._embedder_factory = embedder_factory
+        self._embedder = None
+
+    # ------------------------------------------------------------------ requests → tokens
+    async def read_json(self, request: Request, *, lenient_type: bool = False) -> Any:
+        """The body as JSON. 415 unless Content-Type is JSON (``lenient_type``: also none or curl's form
+        default, as Ollama accepts); 413 past ``max_body_bytes``; 400 on malformed JSON."""
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        ok = ctype == "application/json" or ctype.endswith("+json")
+        if lenient_type and ctype in ("", "application/x-www-form-urlencoded", "text/plain"):
+            ok = True
+        if not ok:
+            raise RequestError(f"Content-Type must be application/json, got {ctype or 'none'!r}",
+                               code="unsupported_media_type", status=415)
+        limit = self.options.max_body_bytes
+        try:
+            declared = int(request.headers.get("content-length", "0"))
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            raise _too_large(limit)
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise _too_large(limit)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+    async def chat_tokens(self, messages: list[Message], tools: list[dict] | None = None) -> tuple[str, list[int]]:
+        """Render with the chat template and tokenize (in a worker thread). Raises ChatTemplateError,
+        ContextOverflowError."""
+        eng = self.engine
+
+        def work():
+            text = eng.apply_chat_template(messages, tools=tools)
+            return text, eng.tokenize(text, add_special=True, parse_special=True)
+
+        text, tokens = await run_in_threadpool(work)
+        self.check_fits(tokens)
+        return text, tokens
+
+    async def text_tokens(self, prompt) -> list[int]:
+        """A raw prompt (text or token ids) → tokens. Raises RequestError on bad ids, ContextOverflowError."""
+        eng = self.engine
+        if isinstance(prompt, list):
+            bad = [t for t in prompt if not 0 <= t < eng.n_vocab]
+            if bad:
+                raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{eng.n_vocab - 1})",
+                                   param="prompt")
+            tokens = list(prompt)
+        else:
+            tokens = await run_in_threadpool(eng.tokenize, prompt, add_special=True, parse_special=False)
+        self.check_fits(tokens)
+        return tokens
+
+    def check_fits(self, tokens: list[int]) -> None:
+        if len(tokens) >= self.engine.n_ctx:
+            raise ContextOverflowError(len(tokens), self.engine.n_ctx,
+                                       hint="shorten the prompt; the server's context per sequence is fixed "
+                                       "at start (--ctx)")
+
+    def check_params(self, p: SamplingParams) -> None:
+        bad = [t for t in p.logit_bias if not 0 <= t < self.engine.n_vocab]
+        if bad:
+            raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary", param="logit_bias")
+
+    # ------------------------------------------------------------------ jobs
+    async def start(self, request: Request, tokens: list[int], params: SamplingParams) -> Job:
+        """Submit a generation and wait until it holds a slot. Raises QueueFullError, the engine's
+        LocalrunErrors (context overflow, bad grammar), ClientGone."""
+        self.check_params(params)
+        job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), tokens=tokens, params=params)
+        self.scheduler.submit(job)
+        kind, val = await self._next(request, job)
+        if kind == "error":
+            raise val
+        return job
+
+    async def call(self, request: Request, fn: Callable[[Any], Any]):
+        """Run ``fn(engine)`` on the scheduler thread between decode steps; returns its result."""
+        job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), fn=fn)
+        self.scheduler.submit(job)
+        kind, val = await self._next(request, job)
+        if kind == "error":
+            raise val
+        return val
+
+    async def _next(self, request: Request, job: Job):
+        """The job's next event, cancelling the job if the client disconnects meanwhile."""
+        getter = asyncio.ensure_future(job.queue.get())
+        watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+        try:
+            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self.scheduler.cancel(job)
+            raise
+        finally:
+            watcher.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter in done:
+            return getter.result()
+        self.scheduler.cancel(job)
+        raise ClientGone()
+
+    async def chunks(self, job: Job, request: Request | None = None) -> AsyncIterator[Chunk]:
+        """The job's chunks up to the one with ``finish_reason``; cancels the job if abandoned."""
+        try:
+            while True:
+                kind, val = await (self._next(request, job) if request is not None else job.queue.get())
+                if kind == "error":
+                    raise val
+                yield val
+                if val.finish_reason is not None:
+                    return
+        finally:
+            if not job.finished:
+                self.scheduler.cancel(job)
+
+    async def collect(self, request: Request, job: Job) -> tuple[str, Chunk, list]:
+        """Run ``job`` to the end (non-streaming) → (text, last chunk, logprobs)."""
+        parts, lps, last = [], [], None
+        async for c in self.chunks(job, request):
+            parts.append(c.text)
+            if c.logprobs:
+                lps.extend(c.logprobs)
+            last = c
+        return "".join(parts), last, lps
+
+    def stream(self, job: Job, body: AsyncIterator[str], media_type: str) -> StreamingResponse:
+        return _JobStream(body, job=job, scheduler=self.scheduler, media_type=media_type,
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def note(self, request: Request, stats: Stats | None, finish: str | None, prompt: str | None = None) -> None:
+        """Record what the per-request log line reports (see app.py's access-log middleware)."""
+        info = request.scope.setdefault("state", {}).setdefault("localrun", {})
+        s = stats or Stats()
+        info.update(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
+                    completion_tokens=s.completion_tokens, ttft_s=round(s.ttft_s, 4), finish=finish)
+        if prompt is not None and self.options.log_prompts:
+            info["prompt"] = prompt
+
+    # ------------------------------------------------------------------ embeddings
+    def embedder(self, engine):
+        """The embedding context, created on first use (on the scheduler thread)."""
+        if self._embedder is None:
+            if self._embedder_factory is None:
+                raise RequestError("this server has no embedding model", code="unsupported", status=501)
+            self._embedder = self._embedder_factory(engine)
+        return self._embedder
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
+
+
+class _JobStream(StreamingResponse):
+    """A streaming response that cancels its job when the client disconnects or the send fails."""
+
+    def __init__(self, content, *, job: Job, scheduler: Scheduler, **kw) -> None:
+        super().__init__(content, **kw)
+        self._job = job
+        self._scheduler = scheduler
+
+    async def __call__(self, scope, receive, send) -> None:
+        job, sched = self._job, self._scheduler
+
+        async def watch():
+            await _wait_disconnect(receive)
+            sched.cancel(job)
+            job.queue.put_nowait(("error", ClientGone()))
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await super().__call__(scope, receive, send)
+        except (OSError, ClientGone):
+            pass
+        finally:
+            watcher.cancel()
+            if not job.finished:
+                sched.cancel(job)
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    pass
+
+
+async def _wait_disconnect(receive) -> None:
+    while True:
+        msg = await receive()
+        if msg.get("type") == "http.disconnect":
+            return
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(f"the request body is larger than {limit:,} bytes", code="request_too_large", status=413)

@@ -1,0 +1,224 @@
+"""Continuous batching: ONE thread owns the engine and runs every request through it.
+
+Requests (``Job``) wait in a bounded queue (``QueueFullError`` → 503 past ``max_queue``). Each loop
+iteration the scheduler
+
+1. frees the slots of cancelled requests at once (``release(keep_kv=False)``: a client that went away),
+2. runs queued engine calls (embeddings) between decode steps,
+3. admits waiting requests into free slots — ``engine.acquire_slot`` picks the free slot whose cached
+   tokens share the longest prefix with the prompt (prefix caching) and ``engine.start`` reuses it,
+4. calls ``engine.step(running)``: one ``llama_decode`` that decodes a token for every running sequence and
+   prefills chunks of new prompts (llama.cpp tools/server ``update_slots`` does the same),
+5. hands each chunk to its request's asyncio queue (``loop.call_soon_threadsafe``) and releases finished
+   sequences with ``keep_kv=True`` so their KV stays as prefix cache.
+
+Events on a job's queue: ``("admitted", cached_tokens)``, ``("chunk", Chunk)`` (the last has
+``finish_reason``), ``("error", LocalrunError)``, ``("result", value)`` for engine calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from localrun.backends.base import Chunk, SamplingParams
+from localrun.errors import BackendError, LocalrunError
+from localrun.server.errors import QueueFullError
+
+log = logging.getLogger("localrun.server")
+
+
+@dataclass(eq=False)
+class Job:
+    """One request for the engine: a generation (``tokens``, ``params``) or a call (``fn(engine)``)."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    tokens: list[int] = field(default_factory=list)
+    params: SamplingParams | None = None
+    fn: Callable[[Any], Any] | None = None
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_last: float = 0.0
+    token_count: int = 0  # tokens delivered
+    cancelled: bool = False
+    finished: bool = False
+    gen: Any = None  # the engine's Generation once admitted
+
+    def push(self, kind: str, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            pass
+
+
+class Scheduler:
+    """Owns ``engine`` (not thread-safe) on one thread; ``submit``/``cancel`` may be called from any thread."""
+
+    def __init__(self, engine, metrics, *, max_queue: int = 64) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._cond = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._calls: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ public API (any thread)
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="localrun-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``. Raises QueueFullError when ``max_queue`` requests are already waiting."""
+        with self._cond:
+            if self._stop:
+                raise BackendError("the server is shutting down")
+            q = self._calls if job.fn is not None else self._pending
+            if len(self._pending) + len(self._calls) >= self.max_queue:
+                raise QueueFullError(self.max_queue)
+            q.append(job)
+            self.metrics.queue_depth.set(len(self._pending))
+            self._cond.notify_all()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: drop ``job`` from the queue, or free its sequence on the next iteration."""
+        if job.finished:
+            return
+        job.cancelled = True
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                pass
+            self.metrics.queue_depth.set(len(self._pending))
+            self._cond.notify_all()
+
+    @property
+    def n_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ the loop (scheduler thread)
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._pending and not self._calls and not self._running:
+                    self._cond.wait()
+                if self._stop:
+                    break
+            try:
+                self._iteration()
+            except Exception as e:  # never let the thread die: fail what is running, keep serving
+                log.exception("scheduler iteration failed")
+                err = e if isinstance(e, LocalrunError) else BackendError(f"internal error: {e}")
+                for job in list(self._running):
+                    self._fail(job, err)
+        for job in list(self._running):
+            self._fail(job, BackendError("the server is shutting down"))
+
+    def _iteration(self) -> None:
+        eng, m = self.engine, self.metrics
+        for job in [j for j in self._running if j.cancelled]:
+            eng.release(job.gen, keep_kv=False)
+            self._running.remove(job)
+            job.finished = True
+            m.generations.labels("cancelled").inc()
+        self._run_calls()
+        self._admit()
+        if self._running:
+            gens = {id(j.gen): j for j in self._running}
+            events = eng.step([j.gen for j in self._running])
+            now = time.perf_counter()
+            for gen, chunk in events:
+                job = gens[id(gen)]
+                self._deliver(job, chunk, now)
+        m.active.set(len(self._running))
+        m.kv_cells_used.set(eng.kv_cells_used())
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                job = self._calls.popleft()
+            try:
+                job.push("result", job.fn(self.engine))
+            except LocalrunError as e:
+                job.push("error", e)
+            except Exception as e:
+                log.exception("engine call failed")
+                job.push("error", BackendError(f"internal error: {e}"))
+            job.finished = True
+
+    def _admit(self) -> None:
+        eng = self.engine
+        while True:
+            with self._cond:
+                if not self._pending:
+                    break
+                slot = eng.acquire_slot(self._pending[0].tokens)
+                if slot is None:
+                    break
+                job = self._pending.popleft()
+                self.metrics.queue_depth.set(len(self._pending))
+            if job.cancelled:
+                continue
+            try:
+                job.gen = eng.start(job.tokens, job.params, slot)
+            except Exception as e:  # a bad request must not take the loop (or other requests) down
+                if not isinstance(e, LocalrunError):
+                    log.exception("engine.start failed")
+                    e = BackendError(f"internal error starting the generation: {type(e).__name__}: {e}")
+                job.finished = True
+                job.push("error", e)
+                continue
+            self._running.append(job)
+            self.metrics.on_admitted(len(job.gen.prompt), job.gen.cached_tokens)
+            job.push("admitted", job.gen.cached_tokens)
+
+    def _deliver(self, job: Job, chunk: Chunk, now: float) -> None:
+        m = self.metrics
+        if job.token_count == 0:
+            m.ttft.observe(now - job.t_arrival)
+        else:
+            m.itl.observe(now - job.t_last)
+        job.t_last = now
+        job.token_count += 1
+        m.generated_tokens.inc()
+        if chunk.finish_reason is not None:
+            self.engine.release(job.gen, keep_kv=True)
+            self._running.remove(job)
+            job.finished = True
+            m.generations.labels(chunk.finish_reason).inc()
+        if not job.cancelled:
+            job.push("chunk", chunk)
+
+    def _fail(self, job: Job, err: LocalrunError) -> None:
+        try:
+            self.engine.release(job.gen, keep_kv=False)
+        except Exception:  # pragma: no cover - best effort
+            pass
+        if job in self._running:
+            self._running.remove(job)
+        job.finished = True
+        job.push("error", err)
+

@@ -1,0 +1,257 @@
+"""`localrun serve` end to end: a real uvicorn server on a free loopback port, SmolLM2 in llama.cpp, the
+real `openai` client and raw httpx for the Ollama endpoints and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+API_KEY = "test-key-123"
+N_CTX = 1024
+N_PARALLEL = 4
+
+
+class ServerThread:
+    """uvicorn running ``app`` in a thread on a free 127.0.0.1 port."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(smollm_path, tmp_path_factory):
+    from localrun.backends import load_engine
+    from localrun.config import Settings
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=N_CTX, n_parallel=N_PARALLEL)
+    plan.n_threads = plan.n_threads_batch = 1  # 2 shared cores: more threads only spin
+    engine = load_engine(smollm_path, plan)
+    home = tmp_path_factory.mktemp("serve_home")
+    app = create_app(engine, Settings(home=home, models_dir=home / "models"),
+                     ServeOptions(api_key=API_KEY, plan=plan, max_body_bytes=1024 * 1024))
+    srv = ServerThread(app)
+    yield srv
+    srv.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=300, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300) as c:
+        yield c
+
+
+def metric(http, name: str, labels: str = "") -> float:
+    text = http.get("/metrics").text
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def chat(client, content: str, **kw) -> str:
+    r = client.chat.completions.create(model="smollm", messages=[{"role": "user", "content": content}],
+                                       temperature=0, **kw)
+    return r.choices[0].message.content
+
+
+def test_streaming_equals_non_streaming(client):
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colors."}]}]
+    full = client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=24)
+    text = full.choices[0].message.content
+    assert text and full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
+    parts, usage, finish = [], None, None
+    for ch in client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=24, stream=True,
+                                             stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            parts.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(parts) == text
+    assert finish == full.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_concurrent_greedy_requests_match_solo(client, http):
+    prompts = [f"Write one sentence about the number {n}." for n in (3, 7, 12, 25, 40, 58, 99, 256)]
+    solo = [chat(client, p, max_tokens=20) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        together = list(ex.map(lambda p: chat(client, p, max_tokens=20), prompts))
+    assert together == solo
+    assert metric(http, "localrun_active_sequences") == 0
+
+
+def test_disconnect_after_first_chunk_frees_the_sequence(server, http):
+    before = metric(http, "localrun_generations_total", '{finish_reason="cancelled"}')
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 800, "temperature": 0, "stream": True,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # no EOS: it would run on without the cancel
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300) as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break
+    deadline = time.monotonic() + 120
+    while metric(http, "localrun_generations_total", '{finish_reason="cancelled"}') < before + 1:
+        assert time.monotonic() < deadline, "the disconnected stream was never cancelled"
+        time.sleep(0.2)
+    assert metric(http, "localrun_active_sequences") == 0
+    assert metric(http, "localrun_generated_tokens_total") > 0
+    assert http.get("/health").json()["active_sequences"] == 0
+
+
+BAD = [
+    # (description, headers, body, status, code)
+    ("malformed json", {"Content-Type": "application/json"}, b'{"messages": [', 400, "invalid_json"),
+    ("wrong type", None, {"messages": "hello"}, 400, "invalid_value"),
+    ("unknown role", None, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value"),
+    ("empty messages", None, {"messages": []}, 400, None),
+    ("max_tokens 0", None, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "invalid_value"),
+    ("max_tokens -5", None, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400,
+     "invalid_value"),
+    ("n=2", None, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_value"),
+    ("tools unsupported", None, {"messages": [{"role": "user", "content": "hi"}],
+                                 "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools_unsupported"),
+    ("too long", None, {"messages": [{"role": "user", "content": "hello " * (N_CTX + 50)}]}, 400,
+     "context_length_exceeded"),
+    ("too large", {"Content-Type": "application/json"},
+     b'{"messages": [{"role": "user", "content": "' + b"x" * (1024 * 1024 + 10) + b'"}]}', 413, "request_too_large"),
+    ("wrong content type", {"Content-Type": "text/plain"}, b'{"messages": []}', 415, "unsupported_media_type"),
+    ("bad json schema", None, {"messages": [{"role": "user", "content": "hi"}],
+                               "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, None),
+]
+
+
+@pytest.mark.parametrize("desc,headers,body,status,code", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_4xx_and_server_keeps_serving(http, client, desc, headers, body, status, code):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = http.post("/v1/chat/completions", headers=headers, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if code:
+        assert err["code"] == code
+    assert chat(client, "Say OK.", max_tokens=4)
+
+
+def test_openai_client_sees_context_length_exceeded(client):
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(client, "word " * (N_CTX + 10), max_tokens=4)
+    assert ei.value.code == "context_length_exceeded"
+
+
+def test_api_key_required(server, http):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.get(server.url + "/api/tags", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and isinstance(r.json()["error"], str)
+    assert httpx.get(server.url + "/health").status_code == 200  # health stays open for probes
+    assert http.get("/v1/models").json()["data"][0]["object"] == "model"
+
+
+def test_prefix_cache_hit_on_shared_system_prompt(client, http):
+    system = ("You are the archivist of the Zyxwv library. " + " ".join(f"Rule {i}: answer briefly." for i in range(40)))
+    hits_before = metric(http, "localrun_prefix_cache_hits_total")
+    usage = []
+    for q in ("What is a book?", "What is a shelf?"):
+        r = client.chat.completions.create(model="x", temperature=0, max_tokens=4, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": q}])
+        usage.append(r.usage)
+    n_system = usage[0].prompt_tokens - 12  # the system prompt is most of the prompt
+    assert usage[0].prompt_tokens_details.cached_tokens < 10
+    assert usage[1].prompt_tokens_details.cached_tokens >= n_system
+    assert metric(http, "localrun_prefix_cache_hits_total") >= hits_before + 1
+    assert 0 < metric(http, "localrun_prefix_cache_hit_rate") <= 1
+
+
+def test_sampling_features(client, http):
+    r = client.chat.completions.create(model="x", temperature=0, max_tokens=5, logprobs=True, top_logprobs=3,
+                                       messages=[{"role": "user", "content": "Hello"}])
+    lp = r.choices[0].logprobs.content
+    assert lp and all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in lp)
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    r = client.chat.completions.create(
+        model="x", temperature=0, max_tokens=30, messages=[{"role": "user", "content": "Give an age as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    assert isinstance(json.loads(r.choices[0].message.content)["age"], int)
+    text = chat(client, "Count from 1 to 10, separated by commas.", max_tokens=40)
+    cut = chat(client, "Count from 1 to 10, separated by commas.", max_tokens=40, stop=["5"])
+    assert "5" in text and "5" not in cut and text.startswith(cut)
+    seeded = [chat(client, "Tell me a word.", max_tokens=8, seed=42, top_p=0.9, frequency_penalty=0.5,
+                   presence_penalty=0.5, extra_body={"top_k": 20, "min_p": 0.01, "repeat_penalty": 1.1})
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    c = client.completions.create(model="x", prompt="The capital of France is", max_tokens=6, temperature=0)
+    assert c.choices[0].text and c.usage.completion_tokens <= 6
+    e = client.embeddings.create(model="x", input=["a cat", "a dog"])
+    v = e.data[0].embedding
+    assert len(e.data) == 2 and len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-3
+
+
+def test_ollama_endpoints(http):
+    assert "version" in http.get("/api/version").json()
+    tags = http.get("/api/tags").json()["models"]
+    assert tags[0]["details"]["format"] == "gguf" and tags[0]["details"]["quantization_level"] == "Q4_1"
+    show = http.post("/api/show", json={"model": tags[0]["name"]}).json()
+    assert show["details"]["family"] == "llama" and "im_start" in show["template"]
+    ps = http.get("/api/ps").json()["models"][0]
+    assert ps["localrun"]["plan"]["n_parallel"] == N_PARALLEL and ps["localrun"]["memory"]["rss_bytes"] > 0
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}], "stream": False,
+            "options": {"temperature": 0, "num_predict": 8}}
+    r = http.post("/api/chat", json=body).json()
+    assert r["done"] is True and r["message"]["role"] == "assistant" and r["message"]["content"]
+    assert r["eval_count"] > 0 and r["total_duration"] > 0
+    with http.stream("POST", "/api/chat", content=json.dumps(dict(body, stream=True))) as s:  # curl -d: no type
+        assert s.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(ln) for ln in s.iter_lines() if ln]
+    assert lines[-1]["done"] is True and all(ln["done"] is False for ln in lines[:-1])
+    assert "".join(ln["message"]["content"] for ln in lines) == r["message"]["content"]
+    g = http.post("/api/generate", json={"prompt": "Why is the sky blue?", "stream": False,
+                                         "options": {"temperature": 0, "num_predict": 6}}).json()
+    assert g["done"] and g["response"] and g["context"]
+    bad = http.post("/api/chat", json={"messages": [{"role": "wizard", "content": "x"}]})
+    assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+
+
+def test_metrics_exposes_the_counters(http):
+    text = http.get("/metrics").text
+    for name in ("localrun_requests_total", "localrun_prompt_tokens_total", "localrun_generated_tokens_total",
+                 "localrun_time_to_first_token_seconds_bucket", "localrun_inter_token_latency_seconds_bucket",
+                 "localrun_queue_depth", "localrun_active_sequences", "localrun_kv_cells_used",
+                 "localrun_prefix_cache_hit_rate"):
+        assert name in text, name
+    assert metric(http, "localrun_kv_cells_used") > 0
