@@ -26,6 +26,10 @@ COMMAND_MODULES = [
     "localrun.commands.chat",
     "localrun.commands.hw",
     "localrun.commands.inspect",
+    "localrun.commands.serve",
+    "localrun.commands.fit",
+    "localrun.commands.models",
+    "localrun.commands.bench",
 ]
 
 for _mod in COMMAND_MODULES:

@@ -300,8 +300,9 @@ class LlamaCppEngine:
                 arr[i].token, arr[i].bias = int(tok), float(bias)
             add(C.llama_sampler_init_logit_bias(self.n_vocab, n, arr))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
-            add(C.llama_sampler_init_penalties(p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                                               p.presence_penalty))
+            # llama.h (this llama.cpp): llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)
+            add(C.llama_sampler_init_penalties(self.n_vocab, p.repeat_last_n, p.repeat_penalty,
+                                               p.frequency_penalty, p.presence_penalty))
         if p.grammar:
             g = C.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
             if not g:

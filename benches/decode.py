@@ -1,0 +1,138 @@
+"""Decode speed of localrun against two peers, same file, same threads, same run.
+
+  (a) llama-cpp-python's streamed ``Llama.create_completion`` (what most Python apps use);
+  (b) the tightest loop the binding allows: ``llama_decode`` of one token + llama.cpp's own sampler
+      chain (``llama_sampler_sample``), no per-token NumPy copy of the logits;
+  (c) localrun's ``LlamaCppEngine.generate`` (what `localrun chat` runs).
+
+Each is measured ``--rounds`` times, interleaved (a, b, c, a, b, c, …) so machine noise hits all three
+alike; the best round of each is compared. Goal: (c)/(b) >= 0.95.
+
+    python benches/decode.py [--model PATH] [--tokens 128] [--rounds 3] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+PROMPT = "Once upon a time, in a land far away, there lived"
+
+
+def no_amx_patch():
+    """This machine's llama.cpp dies on AMX (see localrun.backends.llamacpp); peers get the same fix."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as C
+
+    orig = C.llama_model_default_params
+
+    def patched():
+        p = orig()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = patched
+    return patched
+
+
+def bench_create_completion(llm, n_tokens: int) -> float:
+    t0 = None
+    n = 0
+    for _ in llm.create_completion(PROMPT, max_tokens=n_tokens, temperature=0.0, stream=True):
+        if t0 is None:
+            t0 = time.perf_counter()  # first token out: prefill done
+        n += 1
+    return (n - 1) / (time.perf_counter() - t0)
+
+
+def bench_tight_loop(model_path: str, n_tokens: int, threads: int, params_fn) -> float:
+    from llama_cpp import llama_cpp as C
+
+    model = C.llama_model_load_from_file(model_path.encode(), params_fn())
+    vocab = C.llama_model_get_vocab(model)
+    cp = C.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 1024, 512, threads, threads
+    cp.no_perf = True
+    ctx = C.llama_init_from_model(model, cp)
+    data = PROMPT.encode()
+    toks = (C.llama_token * 256)()
+    n = C.llama_tokenize(vocab, data, len(data), toks, 256, True, False)
+    smpl = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+    C.llama_sampler_chain_add(smpl, C.llama_sampler_init_greedy())
+    if C.llama_decode(ctx, C.llama_batch_get_one(toks, n)) != 0:
+        raise RuntimeError("prefill failed")
+    tok = C.llama_sampler_sample(smpl, ctx, -1)
+    one = (C.llama_token * 1)()
+    t0 = time.perf_counter()
+    produced = 0
+    for _ in range(n_tokens - 1):
+        one[0] = tok
+        if C.llama_decode(ctx, C.llama_batch_get_one(one, 1)) != 0:
+            break
+        tok = C.llama_sampler_sample(smpl, ctx, -1)
+        produced += 1
+        if C.llama_vocab_is_eog(vocab, tok):
+            break
+    dt = time.perf_counter() - t0
+    C.llama_sampler_free(smpl)
+    C.llama_free(ctx)
+    C.llama_model_free(model)
+    return produced / dt
+
+
+def bench_localrun(engine, n_tokens: int) -> float:
+    from localrun.backends.base import SamplingParams
+
+    engine.slots[0].tokens.clear()  # no prefix reuse between rounds: same work as the peers
+    engine.C.llama_memory_seq_rm(engine.mem, 0, 0, -1)
+    last = None
+    for c in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n_tokens)):
+        last = c
+    return last.stats.decode_tok_s
+
+
+def main() -> None:
+    from localrun.backends import load_engine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.store import default_model_path
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+
+    import psutil
+
+    path = str(args.model or default_model_path())
+    threads = args.threads or psutil.cpu_count(logical=False) or 1
+    params_fn = no_amx_patch()
+    from llama_cpp import Llama
+
+    llm = Llama(path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    plan = simple_plan(read_gguf(path), n_ctx=1024)
+    plan.n_threads = plan.n_threads_batch = threads
+    engine = load_engine(path, plan)
+
+    res = {"a": [], "b": [], "c": []}
+    for r in range(args.rounds):
+        res["a"].append(bench_create_completion(llm, args.tokens))
+        res["b"].append(bench_tight_loop(path, args.tokens, threads, params_fn))
+        res["c"].append(bench_localrun(engine, args.tokens))
+        print(f"round {r + 1}: create_completion {res['a'][-1]:.1f}  tight loop {res['b'][-1]:.1f}  "
+              f"localrun {res['c'][-1]:.1f} tok/s")
+    a, b, c = (max(res[k]) for k in "abc")
+    print(f"\nmodel {path}\nthreads {threads}, {args.tokens} tokens, best of {args.rounds} rounds (decode tok/s)")
+    print(f"  (a) llama-cpp-python create_completion(stream=True): {a:7.1f}")
+    print(f"  (b) llama_decode + llama.cpp sampler (tight loop):   {b:7.1f}")
+    print(f"  (c) localrun LlamaCppEngine.generate:                {c:7.1f}")
+    print(f"ratio localrun / tight loop        = {c / b:.3f}  (goal >= 0.95)")
+    print(f"ratio localrun / create_completion = {c / a:.3f}")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

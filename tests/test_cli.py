@@ -1,0 +1,78 @@
+"""The CLI as a user runs it: real subprocesses, real models, exit codes, no tracebacks."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run(*args, stdin=None, env=None, timeout=300):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "localrun", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=e)
+
+
+def test_help_is_fast_and_imports_nothing_heavy():
+    code = ("import sys, time; t=time.time(); sys.argv=['localrun','--help']\n"
+            "from localrun.cli import main\n"
+            "try: main()\nexcept SystemExit: pass\n"
+            "heavy=[m for m in ('llama_cpp','mlx','fastapi','numpy','gguf') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+    assert "chat" in out.stdout and "inspect" in out.stdout
+
+
+def test_inspect_json_all_three(smollm_path, gemma_path, deepseek_header_path):
+    expect = {smollm_path: (30, 9, 3, True), gemma_path: (18, 4, 1, True), deepseek_header_path: (28, 28, 4, False)}
+    for path, (layers, heads, kv, complete) in expect.items():
+        r = run("inspect", str(path), "--json")
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert (d["n_layer"], d["n_head"], d["n_head_kv"], d["weights_complete"]) == (layers, heads, kv, complete)
+    r = run("inspect", str(deepseek_header_path))
+    assert "INCOMPLETE" in r.stdout and r.returncode == 0
+
+
+def test_one_shot_prompt_and_piped_stdin():
+    r = run("chat", "--prompt", "What is the capital of France?", "--temperature", "0", "--max-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    p = run("chat", "--temperature", "0", "--max-tokens", "20", stdin="What is the capital of France?\n")
+    assert p.returncode == 0 and p.stdout.strip() == r.stdout.strip()  # only the answer, scriptable
+
+
+def test_raw_completion_on_base_model(gemma_path):
+    r = run("chat", str(gemma_path), "--raw", "-p", "The capital of France is", "-t", "0", "-n", "10")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.split()) >= 3
+
+
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_template", "bad_policy", "bad_template"])
+def test_user_errors_are_typed_messages_not_tracebacks(case, tmp_path, gemma_path, deepseek_header_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("definitely not a model")
+    args, code, needle = {
+        "missing": (["chat", str(tmp_path / "missing.gguf"), "-p", "hi"], 2, "model not found"),
+        "not_gguf": (["chat", str(bad), "-p", "hi"], 3, "not a usable GGUF"),
+        "truncated": (["chat", str(deepseek_header_path), "-p", "hi"], 3, "weights incomplete"),
+        "no_template": (["chat", str(gemma_path), "-p", "hi"], 5, "no chat template"),
+        "bad_policy": (["chat", "-p", "hi", "--context-policy", "sometimes"], 9, "context policy"),
+        "bad_template": (["chat", "-p", "hi", "--chat-template", "nonesuch"], 5, "unknown chat template"),
+    }[case]
+    r = run(*args)
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert needle in r.stderr.replace("\n", " ")
+    assert "hint:" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_hw_json():
+    r = run("hw", "--json")
+    assert r.returncode == 0
+    d = json.loads(r.stdout)
+    assert d["cpu"]["logical_cores"] >= 1 and d["ram_total_bytes"] > 0 and "gpus" in d
