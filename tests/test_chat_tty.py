@@ -25,7 +25,8 @@ def test_interactive_session(isolated_home):
         child.expect(">>>")
 
         child.sendline("Write a very long story about a dragon and a knight.")
-        child.expect(r"\w+ \w+ \w+ \w+")  # it is streaming words
+        child.expect(r"knight\.")  # the echo of the input line
+        child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming words
         child.sendintr()  # Ctrl-C mid-answer
         child.expect("stopped")
         child.expect(">>>")

@@ -27,7 +27,6 @@ def _mib(n: int) -> str:
 def test_kv_and_model_buffer_equal_llamacpp_report(which, smollm_path, gemma_path):
     """KV bytes per cache (cells, layers, seqs, K and V MiB as llama.cpp prints them, i.e. to 0.01 MiB)."""
     from localrun.backends import load_engine
-    from localrun.backends.llamacpp import LlamaLog
 
     path = smollm_path if which == "smollm" else gemma_path
     spec = read_gguf(path)
@@ -35,9 +34,6 @@ def test_kv_and_model_buffer_equal_llamacpp_report(which, smollm_path, gemma_pat
         for kv_type in ("f16", "q8_0"):
             par = 2 if (n_ctx == 512 and kv_type == "f16") else 1
             plan = plan_for_run(spec, None, n_ctx=n_ctx, kv_type=kv_type, n_parallel=par)
-            # LlamaLog's ring buffer is index-marked: once full (4000 lines; a load logs ~1500 of them)
-            # mark()/since() return nothing, so start each load with an empty buffer
-            LlamaLog.lines.clear()
             eng = load_engine(path, plan)
             try:
                 log = eng.load_log

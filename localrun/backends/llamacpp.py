@@ -58,9 +58,11 @@ class LlamaLog:
 
     Lines are kept in a ring buffer (tests and `fit` compare the KV-cache and buffer sizes llama.cpp
     reports with the plan) and echoed to stderr only when ``LOCALRUN_DEBUG``/``LOCALRUN_VERBOSE`` is set.
+    ``mark()`` returns a running line count, so ``since(mark)`` stays right after the ring wraps.
     """
 
     lines: deque[str] = deque(maxlen=4000)
+    total = 0  # lines ever captured
     _partial = ""
     _callback = None
     _lock = threading.Lock()
@@ -77,6 +79,7 @@ class LlamaLog:
                 buf = cls._partial + s
                 *done, cls._partial = buf.split("\n")
                 cls.lines.extend(done)
+                cls.total += len(done)
             if os.environ.get("LOCALRUN_DEBUG") or os.environ.get("LOCALRUN_VERBOSE"):
                 sys.stderr.write(s)
 
@@ -85,13 +88,18 @@ class LlamaLog:
 
     @classmethod
     def mark(cls) -> int:
-        return len(cls.lines)
+        return cls.total
 
     @classmethod
     def since(cls, mark: int) -> list[str]:
+        """Lines captured after ``mark`` (those still in the ring); a negative mark = the last -mark lines."""
         with cls._lock:
             lines = list(cls.lines)
-        return lines[mark:] if mark <= len(lines) else lines
+            total = cls.total
+        if mark < 0:
+            return lines[mark:]
+        n_new = total - mark
+        return lines[len(lines) - min(n_new, len(lines)):] if n_new > 0 else []
 
 
 @dataclass
@@ -562,6 +570,12 @@ def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
 def _last_errors(lines: list[str]) -> str:
     errs = [ln.strip() for ln in lines if any(w in ln.lower() for w in ("error", "failed", "unable", "cannot"))]
     return "; ".join(errs[-3:]) or "no detail in llama.cpp's log"
+
+
+def supports_gpu_offload() -> bool:
+    """Whether the installed llama.cpp was built with a GPU backend (CUDA, Metal, Vulkan, …)."""
+    _, C = _import_llama()
+    return bool(C.llama_supports_gpu_offload())
 
 
 def _cpu_advertises_amx() -> bool:

@@ -83,9 +83,10 @@ OnResult = Callable[[RequestResult], None]
 
 
 def _due(requests: Iterable[Request], w: Workload, t0: float):
-    """Stop yielding once the level's ``duration_s`` has passed."""
+    """Stop yielding once the level's ``duration_s`` has passed (or a request would arrive after it)."""
     for r in requests:
-        if w.duration_s and time.perf_counter() - t0 >= w.duration_s:
+        if w.duration_s and (time.perf_counter() - t0 >= w.duration_s
+                             or (r.arrival_s is not None and r.arrival_s >= w.duration_s)):
             return
         yield r
 

@@ -47,18 +47,6 @@ def needed_ctx(w: Workload) -> int:
     return (n + 255) // 256 * 256
 
 
-def make_plan(spec, hw, n_ctx: int, n_parallel: int):
-    """The planner's plan for this run (``plan_for_run`` when the planner provides it, else ``simple_plan``)."""
-    from localrun.offload import plan as planner
-
-    if hasattr(planner, "plan_for_run"):
-        plan = planner.plan_for_run(spec, hw, n_ctx=n_ctx, n_parallel=n_parallel)
-        if hasattr(planner, "check_fits"):
-            planner.check_fits(plan)  # InsufficientMemoryError with the numbers, before loading
-        return plan
-    return planner.simple_plan(spec, hw, n_ctx=n_ctx, n_parallel=n_parallel)
-
-
 def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | None = None,
               on_result: Callable | None = None) -> dict:
     """Run ``w`` and return the report dict. Raises LocalrunError for bad input or an unreachable server.
@@ -79,19 +67,14 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
         target["server_on_this_machine"] = _is_loopback(client.base)  # else "hardware" is the client's
         mode = "http"
     else:
-        from localrun.backends import load_engine
         from localrun.bench.clients import EngineClient
-        from localrun.gguf_info import read_gguf
-        from localrun.store import resolve_model
+        from localrun.loading import load_model
 
-        path = resolve_model(opts.model)
-        spec = read_gguf(path)
-        plan = make_plan(spec, hw, max(opts.n_ctx or 0, needed_ctx(w)), max(w.concurrency))
-        if opts.n_threads:
-            plan.n_threads = plan.n_threads_batch = opts.n_threads
-        engine = load_engine(path, plan, spec=spec)
+        loaded = load_model(opts.model, backend="llamacpp", n_ctx=max(opts.n_ctx or 0, needed_ctx(w)),
+                            n_parallel=max(w.concurrency), n_threads=opts.n_threads)
+        engine, plan, spec = loaded.engine, loaded.plan, loaded.spec
         client = EngineClient(engine)
-        target = {"path": str(path), "model": spec.name, "backend": plan.backend, "endpoint": None}
+        target = {"path": engine.model_path, "model": spec.name, "backend": plan.backend, "endpoint": None}
         pid, mode = None, "in-process"
     try:
         if opts.warmup:

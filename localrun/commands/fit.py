@@ -137,6 +137,15 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         chosen, plans = choose(file_cands, hw, goal=goal, n_ctx=ctx, **kw)
         _, others = choose([c for c in cands if c.source != "file"], hw, goal=goal, n_ctx=ctx, **kw)
         plans += others
+        if chosen is not None:  # a given file has one quantization: say so, and what a download would give
+            chosen.reasons[0] = (f"{chosen.quant} (KL-divergence ≈ {chosen.quality_kld:g}): the quantization of "
+                                 "this file")
+            better = [p for p in others if p.fits and p.quality_kld < chosen.quality_kld
+                      and not p.disk_backed_bytes and p.decode_tok_s >= 5]
+            if better:
+                b = better[0]
+                chosen.reasons.insert(1, f"{b.quant} would also fit here, with better quality "
+                                         f"(≈ {b.decode_tok_s:.0f} tok/s): another file to download")
     else:
         chosen, plans = choose(cands, hw, goal=goal, n_ctx=ctx, **kw)
     if json_out:

@@ -80,31 +80,16 @@ def register(app: typer.Typer) -> None:
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
                      force: bool, chat_template: str | None):
     """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …"""
-    from localrun.backends import load_engine
     from localrun.errors import ConfigError
-    from localrun.gguf_info import read_gguf
-    from localrun.hardware import probe_hardware
-    from localrun.offload.plan import check_fits, plan_for_run
-    from localrun.store import resolve_model
+    from localrun.loading import load_model
 
     if settings.backend not in (None, "llamacpp"):
         raise ConfigError(f"`localrun serve` runs on the llama.cpp backend, not {settings.backend!r}",
                           hint="unset LOCALRUN_BACKEND (continuous batching needs llama.cpp's multi-sequence "
                           "context)")
-    path = resolve_model(model, settings.models_dir)
-    spec = read_gguf(path)
-    spec.check_complete()
-    hw = probe_hardware(settings.models_dir)
-    plan = plan_for_run(spec, hw, n_ctx=ctx, n_parallel=parallel, backend="llamacpp")
-    check_fits(plan, force)
-    if threads:
-        plan.n_threads = plan.n_threads_batch = threads
-    template = None
-    if chat_template:
-        from localrun.chat_template import load_template
-
-        template = load_template(chat_template)
-    engine = load_engine(path, plan, chat_template=template, spec=spec)
+    loaded = load_model(model, backend="llamacpp", n_ctx=ctx, n_parallel=parallel, n_threads=threads,
+                        chat_template=chat_template, force=force, models_dir=settings.models_dir)
+    engine, plan, hw = loaded.engine, loaded.plan, loaded.hardware
     return engine, plan, hw.to_dict()
 
 

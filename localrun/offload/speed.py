@@ -34,7 +34,10 @@ LINK_TABLE = {"pcie3": 15.8, "pcie4": 31.5, "pcie5": 63.0}  # x16
 DISK_TABLE = {"nvme": 3.5, "nvme4": 7.0, "nvme5": 12.0, "ssd": 0.55, "hdd": 0.15, "unknown": 0.55}
 EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35, "compute_cpu": 0.5}
 CPU_GBPS_PER_CORE = 6.0  # one core's streaming read rate: few cores cannot saturate DRAM
-CPU_GFLOPS_PER_CORE = {"AVX512F": 60.0, "AVX2": 30.0, "NEON": 25.0, "": 8.0}
+# one core's quantized-matmul throughput in prefill (llama.cpp multiplies int8 activations against the
+# quantized weights: AVX2 maddubs / AVX-512 VNNI / NEON sdot); llama-bench pp512 on 7B Q4_K_M reaches
+# ≈ 40-60 tok/s on a 6-8 core AVX2 desktop, i.e. ≈ 100-150 GFLOP/s per core before the efficiency factor
+CPU_GFLOPS_PER_CORE = {"AVX512F": 120.0, "AVX2": 80.0, "NEON": 60.0, "": 15.0}
 
 
 @dataclass
