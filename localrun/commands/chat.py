@@ -71,7 +71,8 @@ def register(app: typer.Typer) -> None:
                 from localrun.errors import ChatTemplateError
 
                 raise ChatTemplateError(
-                    f"{engine.spec.name} has no chat template: it is a base model, and chatting with it "
+                    f"{getattr(engine.spec, 'name', None) or engine.model_path} has no chat template: it is a "
+                    "base model, and chatting with it "
                     "would produce garbage",
                     hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
             sys_prompt = DEFAULT_SYSTEM_PROMPT if system is None else (system or None)

@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
         api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' (LOCALRUN_API_KEY)."),
         insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
         cors_origin: List[str] = typer.Option([], "--cors-origin", help="Allow browser requests from this origin (repeatable)."),
-        parallel: int = typer.Option(4, "--parallel", "-np", min=1, max=256, help="Sequences decoded together."),
+        parallel: int = typer.Option(4, "--parallel", "-np", min=1, max=256, help="Sequences decoded together (llama.cpp; MLX serves one at a time)."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="llamacpp or mlx (default: LOCALRUN_BACKEND, else llamacpp). MLX serves requests one at a time."),
         ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=64, help="Context per sequence, tokens."),
         max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for a slot (503 past it)."),
         chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chatml|llama3|gemma|mistral|phi3|FILE."),
@@ -66,53 +67,63 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
         and Ollama (/api/chat, /api/generate, /api/tags, /api/show, /api/ps) wire formats, with continuous
-        batching, prefix caching, /health and Prometheus /metrics."""
+        batching, prefix caching, /health and Prometheus /metrics.
+
+        With --backend mlx the same API runs on MLX, but requests are served one at a time (one sequence:
+        later requests wait in the queue; prefix caching reuses the previous request's KV); /v1/embeddings
+        answers 501 (embeddings need the llama.cpp backend)."""
         from localrun.config import get_settings
 
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
-        run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue,
+        run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue, backend=backend,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level)
 
 
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
-                     force: bool, chat_template: str | None):
-    """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …"""
-    from localrun.errors import ConfigError
+                     force: bool, chat_template: str | None, backend: str | None = None):
+    """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …
+
+    ``backend`` (``--backend``, else LOCALRUN_BACKEND, else llamacpp): llama.cpp gets one context with
+    ``parallel`` sequences (continuous batching); any other backend (MLX) is planned for one sequence and
+    wrapped in ``SerialEngine``, so the server runs its requests one at a time."""
     from localrun.loading import load_model
 
-    if settings.backend not in (None, "llamacpp"):
-        raise ConfigError(f"`localrun serve` runs on the llama.cpp backend, not {settings.backend!r}",
-                          hint="unset LOCALRUN_BACKEND (continuous batching needs llama.cpp's multi-sequence "
-                          "context)")
-    loaded = load_model(model, backend="llamacpp", n_ctx=ctx, n_parallel=parallel, n_threads=threads,
-                        chat_template=chat_template, force=force, models_dir=settings.models_dir)
+    backend = backend or settings.backend or "llamacpp"
+    serial = backend not in ("llamacpp", "auto")
+    loaded = load_model(model, backend=backend, n_ctx=ctx, n_parallel=1 if serial else parallel,
+                        n_threads=threads, chat_template=chat_template, force=force, models_dir=settings.models_dir)
     engine, plan, hw = loaded.engine, loaded.plan, loaded.hardware
+    if not hasattr(engine, "step"):  # a single-stream engine (MLX): one request at a time
+        from localrun.backends.serial import SerialEngine
+
+        engine = SerialEngine(engine)
     return engine, plan, hw.to_dict()
 
 
 def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
-               cors_origins, log_prompts, log_level) -> None:
+               cors_origins, log_prompts, log_level, backend: str | None = None) -> None:
     import logging
 
     import uvicorn
 
+    from localrun.backends.serial import serving_mode
     from localrun.render import stderr
     from localrun.server.app import create_app
     from localrun.server.runtime import ServeOptions
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine, plan, hw = load_for_serving(model, settings, parallel=parallel, ctx=ctx, threads=threads,
-                                        force=force, chat_template=chat_template)
+                                        force=force, chat_template=chat_template, backend=backend)
     options = ServeOptions(model_id=alias or "", api_key=settings.api_key, cors_origins=list(cors_origins),
                            log_prompts=log_prompts, max_queue=max_queue, plan=plan, hardware=hw)
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     stderr().print(f"localrun: serving [bold]{st.model_id}[/] on http://{url_host}:{settings.port} "
-                   f"({engine.n_parallel} parallel × {engine.n_ctx} tokens"
+                   f"({serving_mode(engine)}, {engine.n_ctx} tokens per sequence"
                    f"{', API key required' if settings.api_key else ''}) — OpenAI base URL "
                    f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}")
     try:

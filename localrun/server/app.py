@@ -44,10 +44,16 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
     from localrun.server import ollama_api, openai_api
 
     options = options or ServeOptions(api_key=settings.api_key)
+    if not hasattr(engine, "step"):  # a single-stream engine (MLX): one slot, requests served one at a time
+        from localrun.backends.serial import SerialEngine
+
+        engine = SerialEngine(engine)
     if embedder_factory is None and engine.backend == "llamacpp":
         from localrun.backends.llamacpp_embed import LlamaCppEmbedder
 
         embedder_factory = LlamaCppEmbedder
+    elif embedder_factory is None:
+        embedder_factory = _no_embeddings
     metrics = ServerMetrics(getattr(engine, "n_parallel", 1), engine.n_ctx * getattr(engine, "n_parallel", 1))
     st = ServerState(engine, settings, options, metrics, embedder_factory)
 
@@ -116,6 +122,15 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
                            allow_headers=["*"])
     app.add_middleware(_Gate, state=st)
     return app
+
+
+def _no_embeddings(engine):
+    """/v1/embeddings on a backend without an embedding context (MLX): a 501 that says what to do."""
+    from localrun.server.errors import RequestError
+
+    raise RequestError(f"embeddings need the llama.cpp backend (this server runs {engine.backend})",
+                       code="unsupported", status=501,
+                       hint="start the server with `localrun serve --backend llamacpp` for /v1/embeddings")
 
 
 class _Gate:

@@ -14,6 +14,7 @@ import time
 from fastapi import FastAPI, Request
 
 from localrun.backends.base import Message
+from localrun.backends.serial import serving_mode
 from localrun.errors import LocalrunError
 from localrun.server import convert as cv
 from localrun.server.runtime import ServerState
@@ -55,7 +56,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         e = _entry(st)
         plan = st.options.plan
         kv_bytes = int(getattr(plan, "kv_cache_bytes", 0) or 0)
-        weights = int(getattr(plan, "weights_bytes", 0) or st.spec.tensor_bytes)
+        weights = int(getattr(plan, "weights_bytes", 0) or (st.spec.tensor_bytes if st.spec else 0))
         vram = int(getattr(plan, "vram_bytes", 0) or 0)
         e.update(expires_at="0001-01-01T00:00:00Z", size=weights + kv_bytes, size_vram=vram,
                  context_length=st.engine.n_ctx)
@@ -65,6 +66,7 @@ def register(app: FastAPI, st: ServerState) -> None:
                        "vram_bytes": vram, "kv_cells_used": st.engine.kv_cells_used(),
                        "kv_cells_total": st.engine.n_ctx * st.engine.n_parallel},
             "n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel,
+            "backend": st.engine.backend, "serving": serving_mode(st.engine),
             "active_sequences": st.scheduler.n_running, "queued": st.scheduler.n_waiting,
             "path": st.engine.model_path, "uptime_s": round(time.time() - st.started_s, 1),
             "hardware": st.options.hardware,

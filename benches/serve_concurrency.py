@@ -1,0 +1,431 @@
+"""`localrun serve` against `python -m llama_cpp.server`: concurrency and prefix caching, same run.
+
+For each server in turn (never both at once: each gets the whole machine), on the same GGUF (default: the
+embedded SmolLM2-135M Q4_1), the same ``--threads`` and the same context per sequence (``--ctx``):
+
+1. **Concurrency levels** (default 1, 4, 8, 16): ``level`` streaming clients in a closed loop (each sends
+   its next request when the previous ends) over ``/v1/completions``, greedy, ``max_tokens`` fixed, a
+   distinct prompt per request. Per level: aggregate decode tok/s = completion tokens of all requests /
+   wall time of the level; TTFT P50 (request sent → first token chunk, queueing included); inter-token
+   latency P50; the CPU the server process used and the CPU *other* processes used meanwhile (from
+   /proc/stat, in cores), so a noisy machine shows up in the table instead of hiding in the ratio.
+2. **Prefix cache**: ``--prefix-trials`` times, a fresh ~1,000-token system prompt, then two chat requests
+   sharing it (different user questions), one after the other; TTFT of the second / the first.
+
+Goals (issue 4), printed as ratios: localrun / llama_cpp.server aggregate tok/s at 8 streams ≥ 2.5×;
+second-request TTFT ≤ 0.2× the first's on localrun (the peer's is printed for comparison —
+llama-cpp-python reuses the longest prefix of the previous prompt in its single context).
+
+The peer is started with ``--interrupt_requests False`` (by default it ends a running stream as soon as
+another request arrives) through ``benches/llama_cpp_server_noamx.py`` (the AMX fix localrun applies).
+It needs llama-cpp-python's server extras, without rebuilding llama-cpp-python:
+
+    .venv/bin/pip install sse-starlette starlette-context pydantic-settings
+
+Run (a few minutes on 2 cores; everything is bounded by ``--level-timeout``):
+
+    timeout 900 .venv/bin/python benches/serve_concurrency.py [--model PATH] [--threads N] [--ctx 2048]
+        [--levels 1,4,8,16] [--requests 16] [--max-tokens 64] [--only localrun|peer] [--json OUT.json]
+
+Both servers listen on free 127.0.0.1 ports and are killed on exit (also on Ctrl-C / SIGTERM).
+Not a test: it prints numbers and ratios, no thresholds are asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HOST = "127.0.0.1"
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have "
+         "an they you were her she there one all we their been has when who will more no if out so said what "
+         "up its about into than them can only other new some could time these two may then do first any my "
+         "now such like our over man me even most made after also did many before must through back years "
+         "where much your way well down should because each just those people how too little state good very "
+         "make world still own see men work long get here between both life being under never day same "
+         "another know while last might us great old year off come since against go came right used take "
+         "three city water house river market garden letter window music paper story table light voice field "
+         "morning number system").split()
+TOPICS = ["a lighthouse keeper", "a lost dog", "a clockmaker", "a river pilot", "a baker at dawn", "a chess club",
+          "a night train", "a mountain school", "a street musician", "a beekeeper", "a map collector",
+          "a ferry captain", "a winter market", "a glass blower", "an old library", "a kite festival",
+          "a desert well", "a radio operator", "a tea garden", "a bridge builder"]
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+def _busy_jiffies() -> int:
+    """Busy CPU time of the whole machine (all cores), clock ticks, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - (v[4] if len(v) > 4 else 0)  # minus idle and iowait
+
+
+def _proc_jiffies(pid: int) -> int:
+    """utime + stime of one process (all its threads), clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class CpuWindow:
+    """CPU used by the server, by this client and by everything else between ``__init__`` and ``stop``."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.pid, self.tck = server_pid, os.sysconf("SC_CLK_TCK")
+        self.t0, self.all0 = time.perf_counter(), _busy_jiffies()
+        self.srv0, self.me0 = _proc_jiffies(server_pid), _proc_jiffies(os.getpid())
+
+    def stop(self) -> dict:
+        wall = max(1e-9, time.perf_counter() - self.t0)
+        srv = _proc_jiffies(self.pid) - self.srv0
+        me = _proc_jiffies(os.getpid()) - self.me0
+        other = max(0, _busy_jiffies() - self.all0 - srv - me)
+        c = lambda j: j / self.tck / wall  # noqa: E731  (cores)
+        return {"server_cores": c(srv), "client_cores": c(me), "other_cores": c(other)}
+
+
+# ------------------------------------------------------------------------------------------------ servers
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server subprocess on a loopback port; ``stop()`` is idempotent (terminate, then kill)."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: str) -> None:
+        self.name, self.port = name, port
+        self.base = f"http://{HOST}:{port}"
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("HOST", "PORT", "MODEL", "CONFIG_FILE", "LOCALRUN_API_KEY", "LOCALRUN_HOST",
+                            "LOCALRUN_PORT", "LOCALRUN_BACKEND")}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, cwd=str(ROOT))
+        self.model_id = ""
+
+    def wait_ready(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = httpx.get(self.base + "/v1/models", timeout=5.0)
+                if r.status_code == 200:
+                    self.model_id = r.json()["data"][0]["id"]
+                    return
+            except (httpx.HTTPError, KeyError, IndexError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            self._log.flush()
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+# ------------------------------------------------------------------------------------------------ client
+@dataclass
+class Result:
+    ok: bool = True
+    error: str = ""
+    t_sent: float = 0.0
+    t_first: float = 0.0
+    t_end: float = 0.0
+    tokens: int = 0  # content chunks received (one per token on both servers)
+    usage_completion: int | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.t_first - self.t_sent
+
+
+async def stream_one(client, url: str, body: dict, chat: bool) -> Result:
+    """POST a streaming request; time every content chunk. Never raises: failures are ``ok=False``."""
+    res = Result(t_sent=time.perf_counter())
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                res.ok, res.error = False, f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    continue
+                if obj.get("error"):
+                    res.ok, res.error = False, str(obj["error"])[:200]
+                if obj.get("usage"):
+                    u = obj["usage"]
+                    res.usage_completion, res.prompt_tokens = u.get("completion_tokens"), u.get("prompt_tokens")
+                    res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+                for ch in obj.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+                    if piece:
+                        now = time.perf_counter()
+                        if not res.times:
+                            res.t_first = now
+                        res.times.append(now)
+    except Exception as e:  # timeout, reset: this request failed, the bench goes on
+        res.ok, res.error = False, f"{type(e).__name__}: {e}"
+    res.t_end = time.perf_counter()
+    res.tokens = len(res.times)
+    if not res.times:
+        res.t_first = res.t_end
+    return res
+
+
+def completion_prompts(n: int, words: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"Here is a story about {TOPICS[i % len(TOPICS)]} (part {i + 1}): "
+            + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
+
+
+async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
+    """``level`` clients in a closed loop send ``n_requests`` streaming completions in all."""
+    import httpx
+
+    prompts = completion_prompts(n_requests, args.prompt_words, seed=1000 * level)
+    body = lambda p: {"model": srv.model_id, "prompt": p, "max_tokens": args.max_tokens,  # noqa: E731
+                      "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    todo = iter(prompts)
+    results: list[Result] = []
+    timeout = httpx.Timeout(args.level_timeout, connect=10.0)
+    limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
+    cpu = CpuWindow(srv.proc.pid)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def worker():
+            for p in todo:
+                results.append(await stream_one(client, srv.base + "/v1/completions", body(p), chat=False))
+
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(worker()) for _ in range(level)]
+        done, pending = await asyncio.wait(tasks, timeout=args.level_timeout)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.perf_counter() - t0
+    load = cpu.stop()
+    ok = [r for r in results if r.ok]
+    toks = sum(r.tokens for r in ok)
+    itl = [b - a for r in ok for a, b in zip(r.times, r.times[1:])]
+    return {"level": level, "requests": n_requests, "ok": len(ok), "failed": len(results) - len(ok),
+            "unfinished": n_requests - len(results), "errors": sorted({r.error for r in results if not r.ok})[:3],
+            "wall_s": wall, "tokens": toks, "tok_s": toks / wall if wall > 0 else 0.0,
+            "tokens_per_req": toks / len(ok) if ok else 0.0,
+            "usage_tokens": sum(r.usage_completion or 0 for r in ok) if any(r.usage_completion for r in ok) else None,
+            "ttft_p50_s": statistics.median(r.ttft for r in ok) if ok else None,
+            "ttft_max_s": max(r.ttft for r in ok) if ok else None,
+            "itl_p50_s": statistics.median(itl) if itl else None, **load}
+
+
+def system_prompt(trial: int, words: int) -> str:
+    rng = random.Random(77_000 + trial)
+    return (f"You are assistant number {trial} of a reading club. Use the notes below to answer.\nNotes: "
+            + " ".join(rng.choice(WORDS) for _ in range(words)))
+
+
+async def run_prefix(srv: Server, args) -> list[dict]:
+    """Per trial: a fresh system prompt, then two chat requests sharing it, sent one after the other."""
+    import httpx
+
+    out = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.level_timeout, connect=10.0)) as client:
+        for trial in range(args.prefix_trials):
+            sysmsg = system_prompt(trial, args.system_words)
+            pair = []
+            for q in ("Which word appears most often in the notes?", "Summarize the notes in one sentence."):
+                body = {"model": srv.model_id, "max_tokens": 8, "temperature": 0.0, "stream": True,
+                        "stream_options": {"include_usage": True},
+                        "messages": [{"role": "system", "content": sysmsg}, {"role": "user", "content": q}]}
+                pair.append(await stream_one(client, srv.base + "/v1/chat/completions", body, chat=True))
+            a, b = pair
+            out.append({"trial": trial, "ok": a.ok and b.ok, "errors": [r.error for r in pair if not r.ok],
+                        "prompt_tokens": a.prompt_tokens, "ttft_first_s": a.ttft, "ttft_second_s": b.ttft,
+                        "cached_second": b.cached_tokens,
+                        "ratio": b.ttft / a.ttft if a.ok and b.ok and a.ttft > 0 else None})
+    return out
+
+
+async def warmup(srv: Server) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        await stream_one(client, srv.base + "/v1/completions",
+                         {"model": srv.model_id, "prompt": "Warm up: hello", "max_tokens": 4, "temperature": 0.0,
+                          "stream": True}, chat=False)
+
+
+# ------------------------------------------------------------------------------------------------ main
+def server_argv(kind: str, args, port: int) -> list[str]:
+    py = sys.executable
+    if kind == "localrun":
+        return [py, "-m", "localrun", "serve", str(args.model), "--host", HOST, "--port", str(port),
+                "--parallel", str(max(args.levels)), "--ctx", str(args.ctx), "--threads", str(args.threads),
+                "--max-queue", "256", "--log-level", "warning"]
+    return [py, str(ROOT / "benches" / "llama_cpp_server_noamx.py"), "--model", str(args.model),
+            "--host", HOST, "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
+            "--n_threads_batch", str(args.threads), "--interrupt_requests", "False"]
+
+
+def bench_server(kind: str, args, log_dir: str) -> dict:
+    name = "localrun serve" if kind == "localrun" else "llama_cpp.server"
+    port = free_port()
+    print(f"\n== {name} on {HOST}:{port} (threads={args.threads}, ctx={args.ctx}); "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    srv = Server(kind, server_argv(kind, args, port), port, log_dir)
+    try:
+        t0 = time.perf_counter()
+        srv.wait_ready(args.start_timeout)
+        print(f"   ready in {time.perf_counter() - t0:.1f}s (model id {srv.model_id!r})", flush=True)
+        asyncio.run(warmup(srv))
+        levels = []
+        for level in args.levels:
+            n = args.requests_single if level == 1 else max(args.requests, level)
+            lv = asyncio.run(run_level(srv, level, n, args))
+            levels.append(lv)
+            print(f"   {level:>2} streams: {lv['tok_s']:7.1f} tok/s aggregate, TTFT p50 {_ms(lv['ttft_p50_s'])}, "
+                  f"ITL p50 {_ms(lv['itl_p50_s'])}, {lv['ok']}/{n} ok, {lv['tokens_per_req']:.1f} tok/req, "
+                  f"server {lv['server_cores']:.2f} cores, others {lv['other_cores']:.2f} cores"
+                  + (f"  ERRORS: {lv['errors']}" if lv["errors"] else ""), flush=True)
+        prefix = asyncio.run(run_prefix(srv, args)) if args.prefix_trials else []
+        for p in prefix:
+            print(f"   prefix trial {p['trial']}: {p['prompt_tokens']} prompt tokens, TTFT first "
+                  f"{_ms(p['ttft_first_s'])}, second {_ms(p['ttft_second_s'])} (ratio {_x(p['ratio'])}, cached "
+                  f"{p['cached_second']})" + (f"  ERRORS: {p['errors']}" if p["errors"] else ""), flush=True)
+        return {"server": name, "levels": levels, "prefix": prefix, "load_after": os.getloadavg()[0]}
+    except RuntimeError as e:
+        print(f"   FAILED: {e}", flush=True)
+        return {"server": name, "levels": [], "prefix": [], "error": str(e)}
+    finally:
+        srv.stop()
+
+
+def _ms(s: float | None) -> str:
+    return "   n/a" if s is None else f"{s * 1000:6.0f}ms"
+
+
+def _x(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}×"
+
+
+def report(runs: dict[str, dict], args) -> None:
+    print(f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
+          f"CPUs {os.cpu_count()}")
+    print(f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
+          f"{'others':>8}")
+    for run in runs.values():
+        for lv in run["levels"]:
+            print(f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
+                  f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
+                  f"{lv['other_cores']:>8.2f}")
+    lr, pe = runs.get("localrun"), runs.get("peer")
+    if lr and pe:
+        print("\nlocalrun / llama_cpp.server aggregate tok/s:")
+        by = {lv["level"]: lv for lv in pe["levels"]}
+        for lv in lr["levels"]:
+            other = by.get(lv["level"])
+            if other and other["tok_s"] > 0:
+                goal = "  (goal ≥ 2.5×: " + ("MET" if lv["tok_s"] / other["tok_s"] >= 2.5 else "NOT MET") + ")" \
+                    if lv["level"] == 8 else ""
+                print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}")
+    for key, run in runs.items():
+        ratios = [p["ratio"] for p in run["prefix"] if p["ratio"] is not None]
+        if ratios:
+            med = statistics.median(ratios)
+            goal = f"  (goal ≤ 0.2×: {'MET' if med <= 0.2 else 'NOT MET'})" if key == "localrun" else ""
+            print(f"prefix cache, {run['server']}: TTFT second / first, median of {len(ratios)} = {med:.3f}×{goal}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2-135M Q4_1)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for both servers (default: 1 if the 1-min load average exceeds 1, else all CPUs)")
+    ap.add_argument("--ctx", type=int, default=2048, help="context per sequence, tokens (both servers)")
+    ap.add_argument("--levels", default="1,4,8,16", help="concurrent streams per level")
+    ap.add_argument("--requests", type=int, default=16, help="requests per level (levels > 1)")
+    ap.add_argument("--requests-single", type=int, default=4, help="requests at level 1")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-words", type=int, default=40, help="random words per prompt (plus a distinct head)")
+    ap.add_argument("--system-words", type=int, default=960, help="words in the shared system prompt (~1,000 tokens)")
+    ap.add_argument("--prefix-trials", type=int, default=3)
+    ap.add_argument("--only", choices=("localrun", "peer"), default=None)
+    ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds before a level is cut off")
+    ap.add_argument("--start-timeout", type=float, default=180.0)
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    args.levels = sorted({int(x) for x in args.levels.split(",") if x.strip()})
+    if args.model is None:
+        from localrun.store import default_model_path
+
+        args.model = default_model_path()
+    load0 = os.getloadavg()
+    if args.threads <= 0:
+        args.threads = 1 if load0[0] > 1.0 else (os.cpu_count() or 1)
+    print(f"serve_concurrency: load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at start; "
+          f"threads {args.threads}", flush=True)
+
+    def on_term(signum, frame):  # `timeout` sends SIGTERM: unwind so the finally blocks stop the servers
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    runs: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="serve_concurrency-") as log_dir:
+        kinds = [args.only] if args.only else ["peer", "localrun"]
+        for kind in kinds:
+            runs[kind] = bench_server(kind, args, log_dir)
+    report(runs, args)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v
+                                                         for k, v in vars(args).items()},
+                                               "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""`localrun chat --backend mlx` and `localrun serve --backend mlx` on the real SmolLM2 GGUF through mlx[cpu]:
+the same smoke tests as the llama.cpp ones (tests/test_chat_tty.py, tests/test_server.py).
+
+On MLX the server runs requests one at a time (``SerialEngine``: one slot, the scheduler queues the rest),
+so concurrent greedy requests must each get exactly their solo answer and never run side by side.
+The in-process server's engine is loaded once for the module (an MLX load takes seconds on this box);
+the chat tests and the CLI serve test load their own in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+N_CTX = 1024
+SYSTEM = "You are a helpful assistant."
+
+
+def _env(home) -> dict:
+    env = dict(os.environ, LOCALRUN_HOME=str(home), TERM="xterm", COLUMNS="120", LINES="40")
+    for k in ("LOCALRUN_MODELS", "LOCALRUN_API_KEY", "LOCALRUN_BACKEND", "LOCALRUN_PORT", "LOCALRUN_HOST"):
+        env.pop(k, None)
+    return env
+
+
+# ------------------------------------------------------------------ chat
+def test_one_shot_chat_answers_paris(smollm_path, isolated_home):
+    r = subprocess.run([sys.executable, "-m", "localrun", "chat", str(smollm_path), "--backend", "mlx", "-t", "0",
+                        "-n", "24"], input="What is the capital of France?\n", capture_output=True, text=True,
+                       env=_env(isolated_home), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_interactive_chat_session(smollm_path, isolated_home):
+    """tests/test_chat_tty.py's session, on MLX: an answer, a slash command, Ctrl-C mid-answer, another
+    answered question, /exit."""
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(sys.executable, ["-m", "localrun", "chat", str(smollm_path), "--backend", "mlx",
+                                           "--temperature", "0"],
+                          env=_env(isolated_home), encoding="utf-8", timeout=180, dimensions=(40, 120))
+    try:
+        child.expect(">>>")
+        child.sendline("What is the capital of France?")
+        child.expect("Paris")
+        child.expect(r"tok/s")
+        child.expect(">>>")
+
+        child.sendline("Write a very long story about a dragon and a knight.")
+        # prompt_toolkit redraws the accepted line, then leaves (bracketed paste off): from then on the
+        # terminal is cooked and Ctrl-C is a SIGINT. Words matched earlier could be the redraw itself,
+        # and a Ctrl-C sent then is read as a key by prompt_toolkit and lost.
+        child.expect(r"knight\.")
+        child.expect_exact("\x1b[?2004l")
+        child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming words
+        child.sendintr()  # Ctrl-C mid-answer
+        child.expect("stopped")
+        child.expect(">>>")
+
+        child.sendline("/stats")
+        child.expect("messages in history 4")  # the interrupted turn was kept
+        child.expect(">>>")
+
+        child.sendline("What is the capital of France?")
+        child.expect("Paris")
+        child.expect(r"cached\)")  # the MLX prompt cache served the conversation's prefix
+        child.expect(">>>")
+
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+# ------------------------------------------------------------------ serve, in process
+class ServerThread:
+    """uvicorn running ``app`` in a thread on a free 127.0.0.1 port (as in tests/test_server.py)."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def mlx_server(smollm_path, tmp_path_factory):
+    """`serve --backend mlx`'s loading path (load_for_serving → SerialEngine) behind a real uvicorn."""
+    from localrun.commands.serve import load_for_serving
+    from localrun.config import Settings
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    home = tmp_path_factory.mktemp("mlx_serve_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALRUN_HOME", str(home))
+        settings = Settings(home=home, models_dir=home / "models")
+        engine, plan, hw = load_for_serving(str(smollm_path), settings, parallel=4, ctx=N_CTX, threads=1,
+                                            force=False, chat_template=None, backend="mlx")
+        app = create_app(engine, settings, ServeOptions(plan=plan, hardware=hw))
+        srv = ServerThread(app)
+        srv.engine = engine
+        yield srv
+        srv.stop()
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(mlx_server):
+    return openai.OpenAI(base_url=mlx_server.url + "/v1", api_key="none", timeout=300, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(mlx_server):
+    with httpx.Client(base_url=mlx_server.url, timeout=300) as c:
+        yield c
+
+
+def metric(http, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", http.get("/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def chat(client, content: str, **kw) -> str:
+    r = client.chat.completions.create(model="smollm", temperature=0, **kw, messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": content}])
+    return r.choices[0].message.content
+
+
+def test_engine_is_served_one_at_a_time(mlx_server, http):
+    eng = mlx_server.engine
+    assert eng.backend == "mlx" and eng.n_parallel == 1 and eng.n_ctx == N_CTX
+    assert http.get("/health").json()["n_parallel"] == 1
+    ps = http.get("/api/ps").json()["models"][0]["localrun"]
+    assert ps["backend"] == "mlx" and ps["serving"] == "mlx, requests served one at a time"
+    assert ps["plan"]["n_parallel"] == 1 and ps["plan"]["backend"] == "mlx"
+
+
+def test_paris_and_streaming_equals_non_streaming(client):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
+    full = client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=16)
+    text = full.choices[0].message.content
+    assert "Paris" in text and full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
+    parts, usage, finish = [], None, None
+    for ch in client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=16, stream=True,
+                                             stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            parts.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(parts) == text
+    assert finish == full.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+    # the second run of the same prompt reused the first's KV (MLX's own prompt cache)
+    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1
+
+
+def test_concurrent_greedy_requests_match_solo_one_at_a_time(client, http):
+    prompts = [f"Write one sentence about the number {n}." for n in (3, 7, 12)]
+    solo = [chat(client, p, max_tokens=12) for p in prompts]
+    seen, stop = [], threading.Event()
+
+    def watch():
+        with httpx.Client(base_url=str(http.base_url), timeout=60) as h:
+            while not stop.is_set():
+                seen.append(h.get("/health").json())
+                time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(len(prompts)) as ex:
+            together = list(ex.map(lambda p: chat(client, p, max_tokens=12), prompts))
+    finally:
+        stop.set()
+        watcher.join(30)
+    assert together == solo
+    assert seen and all(h["active_sequences"] <= 1 for h in seen)  # never two sequences at once
+    assert metric(http, "localrun_active_sequences") == 0
+
+
+def test_disconnect_after_first_chunk_leaves_server_serving(mlx_server, client, http):
+    before = metric(http, "localrun_generations_total", '{finish_reason="cancelled"}')
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 300, "temperature": 0, "stream": True,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # no EOS: it would run on without the cancel
+    with httpx.Client(base_url=mlx_server.url, timeout=300) as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break
+    deadline = time.monotonic() + 120
+    while metric(http, "localrun_generations_total", '{finish_reason="cancelled"}') < before + 1:
+        assert time.monotonic() < deadline, "the disconnected stream was never cancelled"
+        time.sleep(0.2)
+    assert http.get("/health").json()["active_sequences"] == 0
+    assert "Paris" in chat(client, "What is the capital of France?", max_tokens=16)  # still serving
+
+
+def test_ollama_chat_endpoint(http):
+    body = {"model": "smollm2", "messages": [{"role": "system", "content": SYSTEM},
+                                             {"role": "user", "content": "What is the capital of France?"}],
+            "stream": False, "options": {"temperature": 0, "num_predict": 16}}
+    r = http.post("/api/chat", json=body).json()
+    assert r["done"] is True and r["message"]["role"] == "assistant" and "Paris" in r["message"]["content"]
+    assert r["eval_count"] > 0
+    with http.stream("POST", "/api/chat", content=json.dumps(dict(body, stream=True))) as s:
+        lines = [json.loads(ln) for ln in s.iter_lines() if ln]
+    assert lines[-1]["done"] is True and all(ln["done"] is False for ln in lines[:-1])
+    assert "".join(ln["message"]["content"] for ln in lines) == r["message"]["content"]
+
+
+def test_llamacpp_only_features_get_clear_errors(client):
+    with pytest.raises(openai.APIStatusError) as ei:
+        client.embeddings.create(model="x", input=["a cat"])
+    assert ei.value.status_code == 501 and "embeddings need the llama.cpp backend" in str(ei.value)
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    with pytest.raises(openai.APIStatusError) as ei:
+        client.chat.completions.create(
+            model="x", temperature=0, max_tokens=8, messages=[{"role": "user", "content": "An age as JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    assert ei.value.status_code == 501 and "llama.cpp" in str(ei.value)
+    assert "Paris" in chat(client, "What is the capital of France?", max_tokens=16)  # still serving
+
+
+# ------------------------------------------------------------------ serve, the real command
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", str(smollm_path), "--backend", "mlx",
+                             "--port", str(port), "--ctx", "512", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(isolated_home))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        ps = httpx.get(url + "/api/ps", timeout=30).json()["models"][0]["localrun"]
+        assert ps["serving"] == "mlx, requests served one at a time" and ps["n_ctx"] == 512
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=300, max_retries=0)
+        assert "Paris" in chat(c, "What is the capital of France?", max_tokens=16)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+    out = "".join(lines)
+    assert "mlx, requests served one at a time" in out  # the start-up line
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "terminate called" not in out
