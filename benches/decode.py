@@ -14,7 +14,6 @@ alike; the best round of each is compared. Goal: (c)/(b) >= 0.95.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 
 PROMPT = "Once upon a time, in a land far away, there lived"

@@ -24,7 +24,7 @@ def patch_no_amx() -> bool:
     (as localrun does). Returns whether the patch was applied."""
     import llama_cpp.llama
 
-    from localrun.backends.llamacpp import _cpu_advertises_amx
+    from localrun.backends.llamacpp_lib import _cpu_advertises_amx
 
     if not _cpu_advertises_amx():
         return False

@@ -311,37 +311,57 @@ def server_argv(kind: str, args, port: int) -> list[str]:
             "--n_threads_batch", str(args.threads), "--interrupt_requests", "False"]
 
 
-def bench_server(kind: str, args, log_dir: str) -> dict:
-    name = "localrun serve" if kind == "localrun" else "llama_cpp.server"
+NAMES = {"localrun": "localrun serve", "peer": "llama_cpp.server"}
+
+
+def with_server(kind: str, args, log_dir: str, what: str, fn):
+    """Start a fresh ``kind`` server, warm it up, return ``fn(srv)``; the server is always stopped."""
     port = free_port()
-    print(f"\n== {name} on {HOST}:{port} (threads={args.threads}, ctx={args.ctx}); "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
     srv = Server(kind, server_argv(kind, args, port), port, log_dir)
     try:
         t0 = time.perf_counter()
         srv.wait_ready(args.start_timeout)
-        print(f"   ready in {time.perf_counter() - t0:.1f}s (model id {srv.model_id!r})", flush=True)
+        print(f"-- {NAMES[kind]:<16} {what:<11} (127.0.0.1:{port}, ready in {time.perf_counter() - t0:.1f}s, "
+              f"load average {os.getloadavg()[0]:.2f})", flush=True)
         asyncio.run(warmup(srv))
-        levels = []
-        for level in args.levels:
-            n = args.requests_single if level == 1 else max(args.requests, level)
-            lv = asyncio.run(run_level(srv, level, n, args))
-            levels.append(lv)
+        return fn(srv)
+    finally:
+        srv.stop()
+
+
+def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
+    """Level by level, each server in turn on a fresh process (the order alternates per level), so noise
+    from other work on the machine lands on both alike; then the prefix-cache trials, one server at a time."""
+    runs = {k: {"server": NAMES[k], "levels": [], "prefix": []} for k in kinds}
+    for i, level in enumerate(args.levels):
+        n = args.requests_single if level == 1 else max(args.requests, level)
+        for kind in (kinds if i % 2 == 0 else kinds[::-1]):
+            try:
+                lv = with_server(kind, args, log_dir, f"{level} streams",
+                                 lambda srv: asyncio.run(run_level(srv, level, n, args)))
+            except RuntimeError as e:
+                print(f"   FAILED: {e}", flush=True)
+                runs[kind].setdefault("errors", []).append(str(e))
+                continue
+            runs[kind]["levels"].append(lv)
             print(f"   {level:>2} streams: {lv['tok_s']:7.1f} tok/s aggregate, TTFT p50 {_ms(lv['ttft_p50_s'])}, "
                   f"ITL p50 {_ms(lv['itl_p50_s'])}, {lv['ok']}/{n} ok, {lv['tokens_per_req']:.1f} tok/req, "
                   f"server {lv['server_cores']:.2f} cores, others {lv['other_cores']:.2f} cores"
                   + (f"  ERRORS: {lv['errors']}" if lv["errors"] else ""), flush=True)
-        prefix = asyncio.run(run_prefix(srv, args)) if args.prefix_trials else []
-        for p in prefix:
-            print(f"   prefix trial {p['trial']}: {p['prompt_tokens']} prompt tokens, TTFT first "
-                  f"{_ms(p['ttft_first_s'])}, second {_ms(p['ttft_second_s'])} (ratio {_x(p['ratio'])}, cached "
-                  f"{p['cached_second']})" + (f"  ERRORS: {p['errors']}" if p["errors"] else ""), flush=True)
-        return {"server": name, "levels": levels, "prefix": prefix, "load_after": os.getloadavg()[0]}
-    except RuntimeError as e:
-        print(f"   FAILED: {e}", flush=True)
-        return {"server": name, "levels": [], "prefix": [], "error": str(e)}
-    finally:
-        srv.stop()
+    if args.prefix_trials:
+        for kind in kinds:
+            try:
+                prefix = with_server(kind, args, log_dir, "prefix", lambda srv: asyncio.run(run_prefix(srv, args)))
+            except RuntimeError as e:
+                print(f"   FAILED: {e}", flush=True)
+                continue
+            runs[kind]["prefix"] = prefix
+            for p in prefix:
+                print(f"   prefix trial {p['trial']}: {p['prompt_tokens']} prompt tokens, TTFT first "
+                      f"{_ms(p['ttft_first_s'])}, second {_ms(p['ttft_second_s'])} (ratio {_x(p['ratio'])}, "
+                      f"cached {p['cached_second']})" + (f"  ERRORS: {p['errors']}" if p["errors"] else ""),
+                      flush=True)
+    return runs
 
 
 def _ms(s: float | None) -> str:
@@ -413,11 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="serve_concurrency-") as log_dir:
-        kinds = [args.only] if args.only else ["peer", "localrun"]
-        for kind in kinds:
-            runs[kind] = bench_server(kind, args, log_dir)
+        runs = run_all([args.only] if args.only else ["peer", "localrun"], args, log_dir)
     report(runs, args)
     print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     if args.json:

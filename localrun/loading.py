@@ -66,7 +66,7 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
 
 def _gpu_offload_supported(backend: str) -> bool:
     if backend == "llamacpp":
-        from localrun.backends.llamacpp import supports_gpu_offload
+        from localrun.backends.llamacpp_lib import supports_gpu_offload
 
         return supports_gpu_offload()
     return True  # MLX: Metal on a Mac (the planner only offloads when the profile has a GPU)

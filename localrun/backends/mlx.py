@@ -37,7 +37,7 @@ import time
 from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
-from localrun.backends.llamacpp import _partial_stop_len, common_prefix
+from localrun.backends.text import _partial_stop_len, common_prefix
 from localrun.errors import (
     BackendError,
     BackendUnavailableError,

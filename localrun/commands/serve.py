@@ -122,8 +122,10 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    mode = (f"{serving_mode(engine)}, {engine.n_ctx} tokens of context" if getattr(engine, "serial", False)
+            else f"{engine.n_parallel} parallel × {engine.n_ctx} tokens")  # MLX: one at a time (SerialEngine)
     stderr().print(f"localrun: serving [bold]{st.model_id}[/] on http://{url_host}:{settings.port} "
-                   f"({serving_mode(engine)}, {engine.n_ctx} tokens per sequence"
+                   f"({mode}"
                    f"{', API key required' if settings.api_key else ''}) — OpenAI base URL "
                    f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}")
     try:
