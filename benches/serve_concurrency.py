@@ -1,7 +1,9 @@
 """`localrun serve` against `python -m llama_cpp.server`: concurrency and prefix caching, same run.
 
-For each server in turn (never both at once: each gets the whole machine), on the same GGUF (default: the
-embedded SmolLM2-135M Q4_1), the same ``--threads`` and the same context per sequence (``--ctx``):
+One server at a time (never both at once: each gets the whole machine), a fresh server process per level
+and the order alternating level by level (peer, localrun; localrun, peer; …) so that load from other work on
+a shared machine lands on both alike; the same GGUF (default: the embedded SmolLM2-135M Q4_1), the same
+``--threads`` and the same context per sequence (``--ctx``):
 
 1. **Concurrency levels** (default 1, 4, 8, 16): ``level`` streaming clients in a closed loop (each sends
    its next request when the previous ends) over ``/v1/completions``, greedy, ``max_tokens`` fixed, a
@@ -15,6 +17,11 @@ embedded SmolLM2-135M Q4_1), the same ``--threads`` and the same context per seq
 Goals (issue 4), printed as ratios: localrun / llama_cpp.server aggregate tok/s at 8 streams ≥ 2.5×;
 second-request TTFT ≤ 0.2× the first's on localrun (the peer's is printed for comparison —
 llama-cpp-python reuses the longest prefix of the previous prompt in its single context).
+
+The table's "tok/s/core" column divides aggregate tok/s by the cores the server process got: when other
+processes take CPU unevenly between the phases it is the fairer comparison (a rough one: it assumes
+throughput scales with the CPU share). Flash attention: localrun leaves it to llama.cpp ("auto"), the peer
+runs llama-cpp-python's default (off) unless ``--peer-flash-attn``.
 
 The peer is started with ``--interrupt_requests False`` (by default it ends a running stream as soon as
 another request arrives) through ``benches/llama_cpp_server_noamx.py`` (the AMX fix localrun applies).
@@ -308,7 +315,8 @@ def server_argv(kind: str, args, port: int) -> list[str]:
                 "--max-queue", "256", "--log-level", "warning"]
     return [py, str(ROOT / "benches" / "llama_cpp_server_noamx.py"), "--model", str(args.model),
             "--host", HOST, "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
-            "--n_threads_batch", str(args.threads), "--interrupt_requests", "False"]
+            "--n_threads_batch", str(args.threads), "--interrupt_requests", "False",
+            "--flash_attn", str(args.peer_flash_attn)]
 
 
 NAMES = {"localrun": "localrun serve", "peer": "llama_cpp.server"}
@@ -364,6 +372,10 @@ def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
     return runs
 
 
+def _per_core(lv: dict) -> float:
+    return lv["tok_s"] / lv["server_cores"] if lv["server_cores"] > 0.05 else 0.0
+
+
 def _ms(s: float | None) -> str:
     return "   n/a" if s is None else f"{s * 1000:6.0f}ms"
 
@@ -374,14 +386,14 @@ def _x(r: float | None) -> str:
 
 def report(runs: dict[str, dict], args) -> None:
     print(f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
-          f"CPUs {os.cpu_count()}")
+          f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}")
     print(f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
-          f"{'others':>8}")
+          f"{'others':>8}{'tok/s/core':>11}")
     for run in runs.values():
         for lv in run["levels"]:
             print(f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
                   f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
-                  f"{lv['other_cores']:>8.2f}")
+                  f"{lv['other_cores']:>8.2f}{_per_core(lv):>11.1f}")
     lr, pe = runs.get("localrun"), runs.get("peer")
     if lr and pe:
         print("\nlocalrun / llama_cpp.server aggregate tok/s:")
@@ -391,7 +403,9 @@ def report(runs: dict[str, dict], args) -> None:
             if other and other["tok_s"] > 0:
                 goal = "  (goal ≥ 2.5×: " + ("MET" if lv["tok_s"] / other["tok_s"] >= 2.5 else "NOT MET") + ")" \
                     if lv["level"] == 8 else ""
-                print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}")
+                per_core = _per_core(lv) / _per_core(other) if _per_core(other) > 0 else float("nan")
+                print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}; "
+                      f"per server core {per_core:.2f}×")
     for key, run in runs.items():
         ratios = [p["ratio"] for p in run["prefix"] if p["ratio"] is not None]
         if ratios:
@@ -413,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-words", type=int, default=40, help="random words per prompt (plus a distinct head)")
     ap.add_argument("--system-words", type=int, default=960, help="words in the shared system prompt (~1,000 tokens)")
     ap.add_argument("--prefix-trials", type=int, default=3)
+    ap.add_argument("--peer-flash-attn", action="store_true", help="run the peer with --flash_attn True")
     ap.add_argument("--only", choices=("localrun", "peer"), default=None)
     ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds before a level is cut off")
     ap.add_argument("--start-timeout", type=float, default=180.0)
