@@ -117,3 +117,27 @@ def test_truncated_weights_refused_before_loading(deepseek_header_path):
 
     with pytest.raises(TruncatedModelError):
         load_engine(deepseek_header_path, Plan(n_ctx=512))
+
+
+def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
+    """plan.n_cpu_moe becomes llama.cpp tensor_buft_overrides (as --n-cpu-moe). SmolLM2 has no experts, so
+    the same mechanism is checked with the dense-FFN regex (llama.cpp's LLM_FFN_DENSE_REGEX): llama.cpp
+    logs each overridden tensor, and only layers below n_cpu_moe are affected."""
+    from localrun.backends import llamacpp_lib
+    from localrun.backends.llamacpp import LlamaCppEngine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    orig = llamacpp_lib.cpu_moe_overrides
+    monkeypatch.setattr("localrun.backends.llamacpp.cpu_moe_overrides",
+                        lambda n: orig(n, regex=r"\.ffn_(up|down|gate)\."))
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=256)
+    plan.n_cpu_moe = 2
+    eng = LlamaCppEngine(str(smollm_path), plan)
+    try:
+        hits = [ln for ln in eng.load_log if "buffer type overridden" in ln]
+        assert sorted(ln.split()[1] for ln in hits) == sorted(
+            f"blk.{i}.ffn_{w}.weight" for i in range(2) for w in ("up", "down", "gate"))
+        assert "Paris" in _text(eng.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
+    finally:
+        eng.close()

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
-from localrun.backends.llamacpp_lib import LlamaLog, _cpu_advertises_amx, _import_llama, _last_errors, _physical_cores
+from localrun.backends.llamacpp_lib import (
+    LlamaLog,
+    _cpu_advertises_amx,
+    _import_llama,
+    _last_errors,
+    _physical_cores,
+    cpu_moe_overrides,
+)
 from localrun.backends.text import _partial_stop_len, common_prefix
 from localrun.errors import (
     BackendError,
@@ -123,6 +130,10 @@ class LlamaCppEngine:
             arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
             self._tensor_split = arr_t(*plan.tensor_split)
             mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
+        # the planner keeps the MoE experts of the first n_cpu_moe layers on the CPU (llama.cpp --n-cpu-moe)
+        self._overrides = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
+        if self._overrides is not None:
+            mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         t0 = time.perf_counter()
         self.model = C.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:

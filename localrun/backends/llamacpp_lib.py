@@ -102,3 +102,37 @@ def _physical_cores() -> int:
         return psutil.cpu_count(logical=False) or os.cpu_count() or 1
     except ImportError:  # pragma: no cover
         return os.cpu_count() or 1
+
+
+# llama.cpp common/common.h: LLM_FFN_EXPS_REGEX, the MoE expert tensors (`--n-cpu-moe`)
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+class _BuftOverride(ctypes.Structure):
+    """llama.h ``struct llama_model_tensor_buft_override { const char * pattern; ggml_backend_buffer_type_t buft; }``"""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def cpu_moe_overrides(n_cpu_moe: int, regex: str = FFN_EXPS_REGEX):
+    """``tensor_buft_overrides`` keeping the MoE experts of the first ``n_cpu_moe`` layers in CPU memory,
+    as llama.cpp's ``--n-cpu-moe N`` (common/common.h ``llm_add_n_cpu_ffn_overrides``): one pattern
+    ``blk\\.{i}{regex}`` per layer, mapped to ``ggml_backend_cpu_buffer_type()``, NULL-terminated.
+
+    Returns the ctypes array (keep a reference while the model loads), or None for n_cpu_moe <= 0.
+    """
+    if n_cpu_moe <= 0:
+        return None
+    import pathlib
+
+    import llama_cpp
+    from llama_cpp._ctypes_extensions import load_shared_library
+
+    lib = load_shared_library("ggml-cpu", pathlib.Path(llama_cpp.__file__).parent / "lib")
+    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    cpu = lib.ggml_backend_cpu_buffer_type()
+    arr = (_BuftOverride * (n_cpu_moe + 1))()
+    for i in range(n_cpu_moe):
+        arr[i].pattern = f"blk\\.{i}{regex}".encode()
+        arr[i].buft = cpu
+    return arr
