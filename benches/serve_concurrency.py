@@ -18,9 +18,10 @@ Goals (issue 4), printed as ratios: localrun / llama_cpp.server aggregate tok/s 
 second-request TTFT ≤ 0.2× the first's on localrun (the peer's is printed for comparison —
 llama-cpp-python reuses the longest prefix of the previous prompt in its single context).
 
-The table's "tok/s/core" column divides aggregate tok/s by the cores the server process got: when other
-processes take CPU unevenly between the phases it is the fairer comparison (a rough one: it assumes
-throughput scales with the CPU share). Flash attention: localrun leaves it to llama.cpp ("auto"), the peer
+The table's "loop" column is the CPU of the server's event-loop thread alone (HTTP, JSON, SSE), in cores.
+"tok/s/core" divides aggregate tok/s by the cores the server process got: when other processes take CPU
+unevenly between the phases it is the fairer comparison (a rough one: it assumes throughput scales with
+the CPU share). Flash attention: localrun leaves it to llama.cpp ("auto"), the peer
 runs llama-cpp-python's default (off) unless ``--peer-flash-attn``.
 
 The peer is started with ``--interrupt_requests False`` (by default it ends a running stream as soon as
@@ -82,10 +83,10 @@ def _busy_jiffies() -> int:
     return sum(v) - v[3] - (v[4] if len(v) > 4 else 0)  # minus idle and iowait
 
 
-def _proc_jiffies(pid: int) -> int:
-    """utime + stime of one process (all its threads), clock ticks."""
+def _proc_jiffies(pid: int, tid: int | None = None) -> int:
+    """utime + stime of one process (all its threads), or of its thread ``tid``, clock ticks."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat") as f:
             rest = f.read().rsplit(")", 1)[1].split()
         return int(rest[11]) + int(rest[12])
     except (OSError, IndexError, ValueError):
@@ -93,20 +94,26 @@ def _proc_jiffies(pid: int) -> int:
 
 
 class CpuWindow:
-    """CPU used by the server, by this client and by everything else between ``__init__`` and ``stop``."""
+    """CPU used by the server, by this client and by everything else between ``__init__`` and ``stop``.
+
+    ``loop_cores`` is the server's main thread alone: uvicorn's asyncio event loop (HTTP, JSON, SSE) in both
+    servers; the model runs on other threads (localrun's scheduler thread, llama-cpp-python's threadpool
+    worker, llama.cpp's compute threads)."""
 
     def __init__(self, server_pid: int) -> None:
         self.pid, self.tck = server_pid, os.sysconf("SC_CLK_TCK")
         self.t0, self.all0 = time.perf_counter(), _busy_jiffies()
         self.srv0, self.me0 = _proc_jiffies(server_pid), _proc_jiffies(os.getpid())
+        self.loop0 = _proc_jiffies(server_pid, server_pid)
 
     def stop(self) -> dict:
         wall = max(1e-9, time.perf_counter() - self.t0)
         srv = _proc_jiffies(self.pid) - self.srv0
+        loop = _proc_jiffies(self.pid, self.pid) - self.loop0
         me = _proc_jiffies(os.getpid()) - self.me0
         other = max(0, _busy_jiffies() - self.all0 - srv - me)
         c = lambda j: j / self.tck / wall  # noqa: E731  (cores)
-        return {"server_cores": c(srv), "client_cores": c(me), "other_cores": c(other)}
+        return {"server_cores": c(srv), "loop_cores": c(loop), "client_cores": c(me), "other_cores": c(other)}
 
 
 # ------------------------------------------------------------------------------------------------ servers
@@ -354,7 +361,8 @@ def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
             runs[kind]["levels"].append(lv)
             print(f"   {level:>2} streams: {lv['tok_s']:7.1f} tok/s aggregate, TTFT p50 {_ms(lv['ttft_p50_s'])}, "
                   f"ITL p50 {_ms(lv['itl_p50_s'])}, {lv['ok']}/{n} ok, {lv['tokens_per_req']:.1f} tok/req, "
-                  f"server {lv['server_cores']:.2f} cores, others {lv['other_cores']:.2f} cores"
+                  f"server {lv['server_cores']:.2f} cores (event loop {lv['loop_cores']:.2f}), "
+                  f"others {lv['other_cores']:.2f} cores"
                   + (f"  ERRORS: {lv['errors']}" if lv["errors"] else ""), flush=True)
     if args.prefix_trials:
         for kind in kinds:
@@ -365,9 +373,9 @@ def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
                 continue
             runs[kind]["prefix"] = prefix
             for p in prefix:
-                print(f"   prefix trial {p['trial']}: {p['prompt_tokens']} prompt tokens, TTFT first "
+                print(f"   prefix trial {p['trial']}: {p['prompt_tokens'] or 'n/a'} prompt tokens, TTFT first "
                       f"{_ms(p['ttft_first_s'])}, second {_ms(p['ttft_second_s'])} (ratio {_x(p['ratio'])}, "
-                      f"cached {p['cached_second']})" + (f"  ERRORS: {p['errors']}" if p["errors"] else ""),
+                      f"cached {'n/a' if p['cached_second'] is None else p['cached_second']})" + (f"  ERRORS: {p['errors']}" if p["errors"] else ""),
                       flush=True)
     return runs
 
@@ -388,12 +396,12 @@ def report(runs: dict[str, dict], args) -> None:
     print(f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
           f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}")
     print(f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
-          f"{'others':>8}{'tok/s/core':>11}")
+          f"{'loop':>6}{'others':>8}{'tok/s/core':>11}")
     for run in runs.values():
         for lv in run["levels"]:
             print(f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
                   f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
-                  f"{lv['other_cores']:>8.2f}{_per_core(lv):>11.1f}")
+                  f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{_per_core(lv):>11.1f}")
     lr, pe = runs.get("localrun"), runs.get("peer")
     if lr and pe:
         print("\nlocalrun / llama_cpp.server aggregate tok/s:")

@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=16, help="Context window, tokens (default: the plan's)."),
         n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help="Layers on the GPU (default: the plan's; -1 = all)."),
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
+        flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa", help="Flash attention (default: the plan's: on with a GPU, off on the CPU)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="llamacpp or mlx (default: the planner's choice)."),
         raw: bool = typer.Option(False, "--raw", help="Plain text completion, no chat template (for base models)."),
         chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chatml, llama3, gemma, mistral, phi3, or a Jinja file."),
@@ -60,11 +61,11 @@ def register(app: typer.Typer) -> None:
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
-                                    kv_type=kv_type, chat_template=chat_template, force=force,
+                                    kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force,
                                     status=lambda t: st.update(t))
         else:
             loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type,
-                                chat_template=chat_template, force=force)
+                                flash_attn=flash_attn, chat_template=chat_template, force=force)
         engine = loaded.engine
         try:
             if not raw and not engine.has_chat_template:

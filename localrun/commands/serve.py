@@ -57,6 +57,8 @@ def register(app: typer.Typer) -> None:
         parallel: int = typer.Option(4, "--parallel", "-np", min=1, max=256, help="Sequences decoded together (llama.cpp; MLX serves one at a time)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="llamacpp or mlx (default: LOCALRUN_BACKEND, else llamacpp). MLX serves requests one at a time."),
         ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=64, help="Context per sequence, tokens."),
+        kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
+        flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa", help="Flash attention (default: the plan's: on with a GPU, off on the CPU)."),
         max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for a slot (503 past it)."),
         chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chatml|llama3|gemma|mistral|phi3|FILE."),
         alias: Optional[str] = typer.Option(None, "--alias", help="Model id reported to clients (default: file name)."),
@@ -78,12 +80,14 @@ def register(app: typer.Typer) -> None:
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
         run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue, backend=backend,
+                   kv_type=kv_type, flash_attn=flash_attn,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level)
 
 
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
-                     force: bool, chat_template: str | None, backend: str | None = None):
+                     force: bool, chat_template: str | None, backend: str | None = None,
+                     kv_type: str | None = None, flash_attn: bool | None = None):
     """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …
 
     ``backend`` (``--backend``, else LOCALRUN_BACKEND, else llamacpp): llama.cpp gets one context with
@@ -94,7 +98,8 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
     backend = backend or settings.backend or "llamacpp"
     serial = backend not in ("llamacpp", "auto")
     loaded = load_model(model, backend=backend, n_ctx=ctx, n_parallel=1 if serial else parallel,
-                        n_threads=threads, chat_template=chat_template, force=force, models_dir=settings.models_dir)
+                        n_threads=threads, kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template,
+                        force=force, models_dir=settings.models_dir)
     engine, plan, hw = loaded.engine, loaded.plan, loaded.hardware
     if not hasattr(engine, "step"):  # a single-stream engine (MLX): one request at a time
         from localrun.backends.serial import SerialEngine
@@ -104,7 +109,8 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
 
 
 def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
-               cors_origins, log_prompts, log_level, backend: str | None = None) -> None:
+               cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
+               flash_attn: bool | None = None) -> None:
     import logging
 
     import uvicorn
@@ -116,7 +122,8 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine, plan, hw = load_for_serving(model, settings, parallel=parallel, ctx=ctx, threads=threads,
-                                        force=force, chat_template=chat_template, backend=backend)
+                                        force=force, chat_template=chat_template, backend=backend,
+                                        kv_type=kv_type, flash_attn=flash_attn)
     options = ServeOptions(model_id=alias or "", api_key=settings.api_key, cors_origins=list(cors_origins),
                            log_prompts=log_prompts, max_queue=max_queue, plan=plan, hardware=hw)
     app = create_app(engine, settings, options)

@@ -128,8 +128,11 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     gpu = hw.gpus[0] if hw is not None and hw.gpus and n_gpu_layers != 0 else None
     ngl = n_gpu_layers if gpu is not None else 0
     ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
-    # flash attention: AUTO resolves to on where the backend has it; quantized V requires it
-    fa = True if flash_attn is None or kv_type not in ("f16", "f32", "bf16") else bool(flash_attn)
+    # flash attention: a quantized V cache requires it. Left to us (None): on with a GPU; off on the CPU,
+    # where llama.cpp's CPU flash-attention kernel decoded 2-4x slower at ~1k tokens of context than the
+    # plain path in our measurements (SmolLM2, 1 thread; benches/serve_concurrency.py shows it too).
+    quant_v = kv_type not in ("f16", "f32", "bf16")
+    fa = True if quant_v else (gpu is not None if flash_attn is None else bool(flash_attn))
     kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch)
     gpu_set = set(ws.gpu_layers)
     kv_gpu = sum(kv.layer_bytes(il) for il in gpu_set) if (gpu is not None and offload_kqv) else 0
@@ -172,7 +175,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
                 n_gpu_layers=(n_layer + 1 if ngl < 0 else ngl), n_batch=n_batch, n_ubatch=n_ubatch,
                 n_threads=hw.cpu.physical_cores if hw is not None else None,
                 n_threads_batch=hw.cpu.physical_cores if hw is not None else None, kv_type=kv_type,
-                flash_attn=flash_attn, use_mmap=use_mmap, offload_kqv=offload_kqv,
+                flash_attn=fa, use_mmap=use_mmap, offload_kqv=offload_kqv,
                 model=spec.name, quant=quant, n_layers=n_layer, weights_bytes=spec.tensor_bytes,
                 kv_cache_bytes=kv.bytes, compute_bytes=compute, vram_bytes=vram,
                 ram_bytes=anon + page_cache - disk_backed, disk_backed_bytes=disk_backed,
