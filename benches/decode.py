@@ -45,7 +45,7 @@ def bench_create_completion(llm, n_tokens: int) -> float:
     return (n - 1) / (time.perf_counter() - t0)
 
 
-def bench_tight_loop(model_path: str, n_tokens: int, threads: int, params_fn) -> float:
+def bench_tight_loop(model_path: str, n_tokens: int, threads: int, params_fn, flash_attn: bool | None) -> float:
     from llama_cpp import llama_cpp as C
 
     model = C.llama_model_load_from_file(model_path.encode(), params_fn())
@@ -53,6 +53,7 @@ def bench_tight_loop(model_path: str, n_tokens: int, threads: int, params_fn) ->
     cp = C.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 1024, 512, threads, threads
     cp.no_perf = True
+    cp.flash_attn_type = {None: -1, True: 1, False: 0}[flash_attn]  # the same attention path as localrun's plan
     ctx = C.llama_init_from_model(model, cp)
     data = PROMPT.encode()
     toks = (C.llama_token * 256)()
@@ -94,7 +95,6 @@ def bench_localrun(engine, n_tokens: int) -> float:
 def main() -> None:
     from localrun.backends import load_engine
     from localrun.gguf_info import read_gguf
-    from localrun.offload.plan import simple_plan
     from localrun.store import default_model_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,24 +112,30 @@ def main() -> None:
     from llama_cpp import Llama
 
     llm = Llama(path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
-    plan = simple_plan(read_gguf(path), n_ctx=1024)
+    from localrun.hardware import probe_hardware
+    from localrun.offload.plan import plan_for_run
+
+    plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=1024)  # what `localrun chat` loads
     plan.n_threads = plan.n_threads_batch = threads
     engine = load_engine(path, plan)
 
     res = {"a": [], "b": [], "c": []}
     for r in range(args.rounds):
         res["a"].append(bench_create_completion(llm, args.tokens))
-        res["b"].append(bench_tight_loop(path, args.tokens, threads, params_fn))
+        res["b"].append(bench_tight_loop(path, args.tokens, threads, params_fn, plan.flash_attn))
         res["c"].append(bench_localrun(engine, args.tokens))
         print(f"round {r + 1}: create_completion {res['a'][-1]:.1f}  tight loop {res['b'][-1]:.1f}  "
               f"localrun {res['c'][-1]:.1f} tok/s")
     a, b, c = (max(res[k]) for k in "abc")
-    print(f"\nmodel {path}\nthreads {threads}, {args.tokens} tokens, best of {args.rounds} rounds (decode tok/s)")
+    print(f"\nmodel {path}\nthreads {threads}, {args.tokens} tokens, flash attention {plan.flash_attn}, "
+          f"best of {args.rounds} rounds (decode tok/s)")
     print(f"  (a) llama-cpp-python create_completion(stream=True): {a:7.1f}")
     print(f"  (b) llama_decode + llama.cpp sampler (tight loop):   {b:7.1f}")
     print(f"  (c) localrun LlamaCppEngine.generate:                {c:7.1f}")
     print(f"ratio localrun / tight loop        = {c / b:.3f}  (goal >= 0.95)")
     print(f"ratio localrun / create_completion = {c / a:.3f}")
+    med = sorted(ci / bi for ci, bi in zip(res["c"], res["b"]))[len(res["b"]) // 2]
+    print(f"median per-round ratio localrun / tight loop = {med:.3f}")
     engine.close()
 
 
