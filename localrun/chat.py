@@ -137,7 +137,9 @@ class ChatSession:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the conversation as JSON, atomically (a temp file renamed into place)."""
         p = Path(path).expanduser()
-        p.parent.mkdir(parents=True, exist_ok=True)
+        if not p.parent.is_dir():
+            raise ConfigError(f"cannot save to {p}: the folder {p.parent} does not exist",
+                              hint="create it first, or give another path")
         data = {"format": "localrun-chat/1", "model": getattr(self.engine, "model_path", None),
                 "system": self.system, "messages": [m.to_dict() for m in self.messages]}
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")

@@ -56,10 +56,12 @@ def main(argv: list[str] | None = None) -> None:
             raise
         from rich.console import Console
 
+        from rich.markup import escape
+
         err = Console(stderr=True)
-        err.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
         if e.hint:
-            err.print(f"[yellow]hint:[/] {e.hint}", highlight=False)
+            err.print(f"[yellow]hint:[/] {escape(e.hint)}", highlight=False)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -67,10 +69,26 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except typer.Abort:
         sys.exit(1)
-    except Exception as e:  # click usage errors arrive here with standalone_mode=False
+    except Exception as e:  # usage errors (bad option, value out of range) arrive here with standalone_mode=False
+        if _is_usage_error(e):
+            e.show()
+            sys.exit(2)
+        raise
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """click's and typer's own (vendored, since typer 0.20) ClickException: a user's bad flag or value."""
+    classes = []
+    try:
+        from typer._click.exceptions import ClickException as TyperClickException
+
+        classes.append(TyperClickException)
+    except ImportError:
+        pass
+    try:
         import click
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+        classes.append(click.ClickException)
+    except ImportError:
+        pass
+    return isinstance(e, tuple(classes))

@@ -72,12 +72,18 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     if model.split(":", 1)[0] == DEFAULT_MODEL_NAME and model.split(":", 1)[1].upper() == "Q4_1":
         return default_model_path()
     looks_like_path = model.endswith(".gguf") or model.startswith((".", "/", "~"))
-    raise ModelNotFoundError(
-        model,
-        hint=(f"no such file: {p}" if looks_like_path else
-              f"not in the model store ({models_dir}); `localrun pull {model}` downloads it, "
-              "`localrun ls` lists what is here"),
-    )
+    if looks_like_path:
+        hint = (f"check the path ({p.parent} {'exists' if p.parent.is_dir() else 'does not exist'}); "
+                "`localrun ls` lists the models on disk")
+    else:
+        from localrun.catalog import get_entry
+
+        if get_entry(model) is not None or model.startswith(("hf.co/", "huggingface.co/")) or "/" in model:
+            hint = f"not downloaded yet: `localrun pull {model}` fetches it; `localrun ls` lists what is here"
+        else:
+            hint = ("not a file, a pulled model, or a catalog name: `localrun ls --catalog` lists the names "
+                    "localrun knows, `localrun ls` what is on disk")
+    raise ModelNotFoundError(model, hint=hint)
 
 
 # --- what is on disk ----------------------------------------------------------------------------

@@ -75,3 +75,17 @@ def test_hw_json():
     assert r.returncode == 0
     d = json.loads(r.stdout)
     assert d["cpu"]["logical_cores"] >= 1 and d["ram_total_bytes"] > 0 and "gpus" in d
+
+
+@pytest.mark.parametrize("args", [["chat", "--ctx", "0", "-p", "hi"], ["chat", "--bogus"], ["frob"],
+                                  ["chat", "--temperature", "-1", "-p", "hi"], ["fit", "--ctx", "abc"]])
+def test_bad_flags_are_usage_errors_not_tracebacks(args):
+    r = run(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and ("Invalid value" in r.stderr or "No such" in r.stderr)
+    assert "--help" in r.stderr  # says what to do next
+
+
+def test_hint_with_brackets_is_printed_verbatim(tmp_path):
+    r = run("chat", str(tmp_path / "missing[1].gguf"), "-p", "hi")
+    assert r.returncode == 2 and "missing[1].gguf" in r.stderr.replace("\n", "")

@@ -179,7 +179,7 @@ def _render(title, hw, chosen, plans) -> None:
     else:
         p = chosen
         con.print(f"[bold]{title}[/] on {where}: [green]{p.quant}[/], {p.n_ctx}-token context, "
-                  f"{p.kv_type} KV, n_gpu_layers {p.n_gpu_layers}/{p.n_layers + 1}", highlight=False)
+                  f"{p.kv_type} KV, {_gpu_layers_text(p)}", highlight=False)
         con.print(f"  VRAM {fmt_bytes(p.vram_bytes)} · RAM {fmt_bytes(p.ram_bytes)} "
                   f"(anonymous {fmt_bytes(p.ram_anon_bytes)}, page cache {fmt_bytes(p.page_cache_bytes)}) · "
                   f"disk-backed {fmt_bytes(p.disk_backed_bytes)} · decode ≈ {p.decode_tok_s:.1f} tok/s · "
@@ -204,3 +204,13 @@ def _render(title, hw, chosen, plans) -> None:
         t.add_row(p.quant, f"{p.quality_kld:g}", fmt_bytes(p.weights_bytes), place, str(p.n_ctx),
                   f"{p.decode_tok_s:.1f}", f"{p.prefill_tok_s:.0f}", mark)
     con.print(t)
+
+
+def _gpu_layers_text(p) -> str:
+    """llama.cpp counts the output layer as one more "layer" and offloads the last n_gpu_layers of the
+    n_layer + 1 (src/llama-model.cpp: i_gpu_start = n_layer + 1 - n_gpu_layers): n_gpu_layers = k ≥ 1 is
+    k - 1 repeating layers + the output layer. Say it in both terms so it agrees with the reasons."""
+    if p.n_gpu_layers <= 0:
+        return f"all {p.n_layers} layers on the CPU (n_gpu_layers 0)"
+    on = min(p.n_gpu_layers - 1, p.n_layers)
+    return f"{on} of {p.n_layers} layers + output on the GPU (n_gpu_layers {p.n_gpu_layers})"

@@ -42,6 +42,9 @@ def _ctx_ladder(spec, start: int) -> list[int]:
     return sorted(set(out), reverse=True)
 
 
+BALANCED_SPEED_FRACTION = 0.5
+
+
 def choose(cands: list[Candidate], hw, *, goal: str = "balanced", n_ctx: int | None = None,
            **kw) -> tuple[Plan | None, list[Plan]]:
     """(chosen plan or None when nothing fits, one plan per candidate in quality order).
@@ -49,7 +52,8 @@ def choose(cands: list[Candidate], hw, *, goal: str = "balanced", n_ctx: int | N
     goal: ``quality`` = lowest KL-divergence that fits in memory (disk-backed pages avoided when any
     candidate can); ``speed`` = fastest decode among those within Q4_K_M's quality (else fastest);
     ``context`` = the longest context (up to the training context) that fits, best quality among ties;
-    ``balanced`` (default) = the best quality that fits and decodes ≥ 5 tok/s, else the fastest that fits.
+    ``balanced`` (default) = the best quality that fits and decodes at ≥ half the fastest fitting plan's
+    rate (and ≥ 5 tok/s), else the fastest that fits.
     """
     if goal not in GOALS:
         from localrun.errors import ConfigError
@@ -85,9 +89,14 @@ def choose(cands: list[Candidate], hw, *, goal: str = "balanced", n_ctx: int | N
         chosen = max(ram_ok, key=lambda p: (p.n_ctx, -p.quality_kld))
         why = f"longest context that fits ({chosen.n_ctx} tokens)"
     else:
-        fast = [p for p in ram_ok if p.decode_tok_s >= MIN_DECODE_TOK_S]
+        # balanced: the best quality among the plans at least half as fast as the fastest one that fits
+        # (and ≥ MIN_DECODE_TOK_S), so a slightly better quant never costs a partial offload that halves speed
+        top = max(p.decode_tok_s for p in ram_ok)
+        floor = max(MIN_DECODE_TOK_S, top * BALANCED_SPEED_FRACTION)
+        fast = [p for p in ram_ok if p.decode_tok_s >= floor]
         chosen = fast[0] if fast else max(ram_ok, key=lambda p: p.decode_tok_s)
-        why = (f"best quality that fits and decodes ≥ {MIN_DECODE_TOK_S:g} tok/s" if fast
-               else "nothing reaches 5 tok/s here: the fastest that fits")
+        why = (f"best quality that fits and decodes ≥ {floor:.0f} tok/s (half the fastest plan's "
+               f"{top:.0f}, at least {MIN_DECODE_TOK_S:g})" if fast
+               else f"nothing reaches {MIN_DECODE_TOK_S:g} tok/s here: the fastest that fits")
     chosen.reasons.insert(0, f"{chosen.quant} (KL-divergence ≈ {chosen.quality_kld:g}): {why}")
     return chosen, plans

@@ -277,8 +277,10 @@ def plan_model(spec, hw, *, n_ctx: int | None = None, n_parallel: int = 1, kv_ty
             p = _search_gpu(spec, hw, kvt, kw)
         if best is None or _better(p, best):
             if best is not None:
-                p.reasons.append(f"KV cache {kvt}: f16 would put {best.n_gpu_layers} layers on the GPU"
-                                 + ("" if best.fits else " and not fit"))
+                gl = lambda n: max(0, min(n - 1, spec.n_layer))  # noqa: E731  (n_gpu_layers → repeating layers)
+                p.reasons.append(f"KV cache {kvt}: with {best.kv_type} KV only {gl(best.n_gpu_layers)} of "
+                                 f"{spec.n_layer} layers would be on the GPU (here {gl(p.n_gpu_layers)})"
+                                 + ("" if best.fits else " and it would not fit"))
             best = p
         if best.fits and (not has_gpu or best.n_gpu_layers >= spec.n_layer + 1) and not best.disk_backed_bytes:
             break
