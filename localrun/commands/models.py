@@ -193,7 +193,7 @@ def ps(
     from localrun.hardware import fmt_bytes
 
     t = Table(title=f"localrun serve at {info['url']}")
-    for c in ("name", "quant", "size", "VRAM", "context", "plan"):
+    for c in ("name", "quant", "memory", "VRAM", "context", "plan"):
         t.add_column(c)
     for m in models:
         det = m.get("details") or {}
