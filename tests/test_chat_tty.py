@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+from helpers import drive_chat_session
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -14,33 +15,7 @@ def test_interactive_session(isolated_home):
     child = pexpect.spawn(sys.executable, ["-m", "localrun", "chat", "--temperature", "0"], env=env,
                           encoding="utf-8", timeout=180, dimensions=(40, 120))
     try:
-        child.expect(">>>")
-        child.sendline("What is the capital of France?")
-        child.expect("Paris")
-        child.expect(r"tok/s")  # the stats line after the answer
-        child.expect(">>>")
-
-        child.sendline("/system You are a helpful assistant.")
-        child.expect("system prompt set")
-        child.expect(">>>")
-
-        child.sendline("Write a very long story about a dragon and a knight.")
-        child.expect_exact("\x1b[?2004l")  # prompt_toolkit has handed the terminal back (cooked mode)
-        child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming words
-        child.sendintr()  # Ctrl-C mid-answer
-        child.expect("stopped")
-        child.expect(">>>")
-
-        child.sendline("/stats")
-        child.expect("messages in history 4")  # the interrupted turn was kept
-        child.expect(">>>")
-
-        child.sendline("What is the capital of France?")
-        child.expect("Paris")
-        child.expect(">>>")
-
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
+        drive_chat_session(child)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from helpers import ServerThread, drive_chat_session
 
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
@@ -56,61 +57,13 @@ def test_interactive_chat_session(smollm_path, isolated_home):
                                            "--temperature", "0"],
                           env=_env(isolated_home), encoding="utf-8", timeout=180, dimensions=(40, 120))
     try:
-        child.expect(">>>")
-        child.sendline("What is the capital of France?")
-        child.expect("Paris")
-        child.expect(r"tok/s")
-        child.expect(">>>")
-
-        child.sendline("Write a very long story about a dragon and a knight.")
-        # prompt_toolkit redraws the accepted line, then leaves (bracketed paste off): from then on the
-        # terminal is cooked and Ctrl-C is a SIGINT. Words matched earlier could be the redraw itself,
-        # and a Ctrl-C sent then is read as a key by prompt_toolkit and lost.
-        child.expect(r"knight\.")
-        child.expect_exact("\x1b[?2004l")
-        child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming words
-        child.sendintr()  # Ctrl-C mid-answer
-        child.expect("stopped")
-        child.expect(">>>")
-
-        child.sendline("/stats")
-        child.expect("messages in history 4")  # the interrupted turn was kept
-        child.expect(">>>")
-
-        child.sendline("What is the capital of France?")
-        child.expect("Paris")
-        child.expect(r"cached\)")  # the MLX prompt cache served the conversation's prefix
-        child.expect(">>>")
-
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
+        drive_chat_session(child, expect_cached=True)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
 
 
 # ------------------------------------------------------------------ serve, in process
-class ServerThread:
-    """uvicorn running ``app`` in a thread on a free 127.0.0.1 port (as in tests/test_server.py)."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
 @pytest.fixture(scope="module")
 def mlx_server(smollm_path, tmp_path_factory):
     """`serve --backend mlx`'s loading path (load_for_serving → SerialEngine) behind a real uvicorn."""

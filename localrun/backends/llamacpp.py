@@ -158,7 +158,8 @@ class LlamaCppEngine:
                                 hint=f"use one of {', '.join(KV_TYPES)}") from None
         cp.offload_kqv = bool(plan.offload_kqv)
         cp.swa_full = bool(plan.swa_full)
-        cp.kv_unified = False  # each sequence gets its own n_ctx cells
+        # unified: one KV buffer for all sequences (llama.cpp splits mixed batches freely); else one stream each
+        cp.kv_unified = bool(getattr(plan, "kv_unified", False))
         cp.no_perf = True
         self.ctx = C.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -170,7 +171,8 @@ class LlamaCppEngine:
         self.load_s = time.perf_counter() - t0
         self.load_log = LlamaLog.since(mark)
         self.mem = C.llama_get_memory(self.ctx)
-        self.n_ctx = int(C.llama_n_ctx_seq(self.ctx))
+        # tokens per sequence: llama.cpp's per-stream size, or (unified) an equal share that localrun enforces
+        self.n_ctx = int(C.llama_n_ctx_seq(self.ctx)) // (n_par if cp.kv_unified else 1)
         self.n_batch = int(C.llama_n_batch(self.ctx))
         self.n_parallel = n_par
         self.slots = [Slot(seq_id=i) for i in range(n_par)]

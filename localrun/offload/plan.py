@@ -32,6 +32,7 @@ class Plan:
     use_mlock: bool = False
     offload_kqv: bool = True
     swa_full: bool = False  # full-size SWA cache (llama-cpp-python's default is True; localrun's is False)
+    kv_unified: bool = False  # one KV buffer shared by all sequences (llama-server's default for slots > 1)
     main_gpu: int = 0
     tensor_split: list[float] | None = None
 
@@ -133,7 +134,13 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     # plain path in our measurements (SmolLM2, 1 thread; benches/serve_concurrency.py shows it too).
     quant_v = kv_type not in ("f16", "f32", "bf16")
     fa = True if quant_v else (gpu is not None if flash_attn is None else bool(flash_attn))
-    kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch)
+    # several sequences share one unified KV buffer, as llama-server does: llama.cpp then splits a batch
+    # freely (split_simple); with one stream per sequence it must split it into equal per-sequence parts of
+    # consecutive sequence ids (llama-batch.cpp split_equal), which breaks continuous batching into many
+    # small graph runs. localrun still caps each sequence at n_ctx tokens, so the total is never exceeded.
+    kv_unified = n_parallel > 1
+    kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch, kv_unified=kv_unified)
+    n_ctx_seq = kv.n_ctx_total // max(1, n_parallel) if kv_unified else kv.n_ctx_seq
     gpu_set = set(ws.gpu_layers)
     kv_gpu = sum(kv.layer_bytes(il) for il in gpu_set) if (gpu is not None and offload_kqv) else 0
     kv_cpu = kv.bytes - kv_gpu
@@ -171,7 +178,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     decode = S.decode_tok_s(bytes_tier, tiers)
     prefill = S.prefill_tok_s(params_tier, tiers)
     quant = spec.file_type
-    plan = Plan(backend=backend, n_ctx=kv.n_ctx_seq, n_parallel=n_parallel,
+    plan = Plan(backend=backend, n_ctx=n_ctx_seq, n_parallel=n_parallel, kv_unified=kv_unified,
                 n_gpu_layers=(n_layer + 1 if ngl < 0 else ngl), n_batch=n_batch, n_ubatch=n_ubatch,
                 n_threads=hw.cpu.physical_cores if hw is not None else None,
                 n_threads_batch=hw.cpu.physical_cores if hw is not None else None, kv_type=kv_type,
