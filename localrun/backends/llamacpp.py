@@ -176,6 +176,7 @@ class LlamaCppEngine:
         self.n_batch = int(C.llama_n_batch(self.ctx))
         self.n_parallel = n_par
         self.slots = [Slot(seq_id=i) for i in range(n_par)]
+        self._prefill_turn = True
         self._batch = C.llama_batch_init(self.n_batch + n_par, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
@@ -278,7 +279,9 @@ class LlamaCppEngine:
         free = [s for s in self.slots if not s.busy]
         if not free:
             return None
-        return max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+        # longest cached prefix; on ties the lowest id, which keeps busy sequence ids consecutive (cheaper
+        # batches, see step()), then least recently used
+        return max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.seq_id, -s.last_used))
 
     def start(self, prompt: Sequence[int], params: SamplingParams, slot: Slot | None = None) -> Generation:
         """Reserve a slot for ``prompt`` and reuse its longest cached prefix.
@@ -330,41 +333,44 @@ class LlamaCppEngine:
         return sum(len(s.tokens) for s in self.slots)
 
     def step(self, gens: Sequence[Generation]) -> list[tuple[Generation, Chunk]]:
-        """One ``llama_decode`` over all running sequences; returns the chunks it produced.
+        """One ``llama_decode`` for the running sequences; returns the chunks it produced.
 
-        Decode tokens go first (one per sequence that is generating), then prompt chunks of sequences
-        still prefilling, up to ``n_batch`` tokens in all.
+        Either a decode batch (one token for every sequence that is generating, ordered by sequence id)
+        or a prefill batch (the next chunk, up to ``n_batch`` tokens, of ONE sequence's prompt); while
+        both kinds are waiting they alternate, so a long prompt is prefilled in chunks and running streams
+        keep flowing. Not mixing them matters with one KV stream per sequence: llama.cpp then splits a
+        batch into equal per-sequence parts over consecutive sequence ids (llama-batch.cpp split_equal),
+        which would cut a prompt mixed with decode tokens into one-token pieces. It also keeps a prompt's
+        arithmetic the same whether or not other requests are running.
         """
         C, batch = self.C, self._batch
         n = 0
         outputs: list[tuple[Generation, int]] = []
-        decoding: list[Generation] = []
-        for g in gens:
-            if g.done or g.prefilling or g.pending is None:
-                continue
-            decoding.append(g)
-            pos = len(g.slot.tokens)
-            batch.token[n], batch.pos[n], batch.n_seq_id[n] = g.pending, pos, 1
-            batch.seq_id[n][0], batch.logits[n] = g.slot.seq_id, 1
-            outputs.append((g, n))
-            n += 1
-        budget = self.n_batch - n
+        decoding = sorted((g for g in gens if not g.done and not g.prefilling and g.pending is not None),
+                          key=lambda g: g.slot.seq_id)
+        waiting = [g for g in gens if not g.done and g.prefilling]
         prefill: list[tuple[Generation, int]] = []
-        for g in gens:
-            if g.done or not g.prefilling or budget <= 0:
-                continue
-            take = min(budget, len(g.prompt) - g.n_prompt_done)
-            sid, pos0 = g.slot.seq_id, g.n_prompt_done
-            toks = g.prompt
+        if waiting and (not decoding or self._prefill_turn):
+            g = waiting[0]
+            take = min(self.n_batch, len(g.prompt) - g.n_prompt_done)
+            sid, pos0, toks = g.slot.seq_id, g.n_prompt_done, g.prompt
             for j in range(take):
                 batch.token[n], batch.pos[n], batch.n_seq_id[n] = toks[pos0 + j], pos0 + j, 1
                 batch.seq_id[n][0], batch.logits[n] = sid, 0
                 n += 1
-            budget -= take
             prefill.append((g, take))
             if pos0 + take == len(g.prompt):
                 batch.logits[n - 1] = 1
                 outputs.append((g, n - 1))
+            decoding = []
+            self._prefill_turn = False
+        else:
+            for g in decoding:
+                batch.token[n], batch.pos[n], batch.n_seq_id[n] = g.pending, len(g.slot.tokens), 1
+                batch.seq_id[n][0], batch.logits[n] = g.slot.seq_id, 1
+                outputs.append((g, n))
+                n += 1
+            self._prefill_turn = True
         if n == 0:
             return []
         batch.n_tokens = n

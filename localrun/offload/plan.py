@@ -134,11 +134,10 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     # plain path in our measurements (SmolLM2, 1 thread; benches/serve_concurrency.py shows it too).
     quant_v = kv_type not in ("f16", "f32", "bf16")
     fa = True if quant_v else (gpu is not None if flash_attn is None else bool(flash_attn))
-    # several sequences share one unified KV buffer, as llama-server does: llama.cpp then splits a batch
-    # freely (split_simple); with one stream per sequence it must split it into equal per-sequence parts of
-    # consecutive sequence ids (llama-batch.cpp split_equal), which breaks continuous batching into many
-    # small graph runs. localrun still caps each sequence at n_ctx tokens, so the total is never exceeded.
-    kv_unified = n_parallel > 1
+    # one KV stream per sequence (not unified). Measured with benches/serve_concurrency.py at 8 streams:
+    # unified 69.7 tok/s vs 82.3 split, since without flash attention every decoded token then attends over
+    # the cells of all sequences. The engine keeps batches friendly to split_equal instead (see step()).
+    kv_unified = False
     kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch, kv_unified=kv_unified)
     n_ctx_seq = kv.n_ctx_total // max(1, n_parallel) if kv_unified else kv.n_ctx_seq
     gpu_set = set(ws.gpu_layers)
