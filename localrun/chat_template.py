@@ -104,5 +104,19 @@ class ChatTemplate:
                                     "alternating)") from None
 
 
+def render_chat(template: "ChatTemplate | None", model_path: str, messages: Sequence, *,
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """Render ``messages`` with a model's template; a model without one (a base model) is refused with
+    ChatTemplateError naming --raw and --chat-template, never rendered into garbage. Shared by the backends."""
+    import os
+
+    if template is None:
+        raise ChatTemplateError(
+            f"{os.path.basename(model_path)} has no chat template (it is probably a base model, "
+            "not an instruction-tuned one)",
+            hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
+    return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+
 def _raise(message: str):
     raise ValueError(message)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import codecs
 import ctypes
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -36,7 +35,6 @@ from localrun.backends.llamacpp_lib import (
 from localrun.backends.text import _partial_stop_len, common_prefix
 from localrun.errors import (
     BackendError,
-    ChatTemplateError,
     ContextOverflowError,
     LocalrunError,
     UnsupportedArchitectureError,
@@ -229,49 +227,17 @@ class LlamaCppEngine:
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
-        if self._template is None:
-            raise ChatTemplateError(
-                f"{os.path.basename(self.model_path)} has no chat template (it is probably a base model, "
-                "not an instruction-tuned one)",
-                hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        from localrun.chat_template import render_chat
+
+        return render_chat(self._template, self.model_path, messages,
+                           add_generation_prompt=add_generation_prompt, tools=tools)
 
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams):
-        """llama.cpp sampler chain for ``p`` (order as common/sampling.cpp: bias, penalties, grammar,
-        top-k, top-p, min-p, temperature, dist; greedy when temperature <= 0)."""
-        C = self.C
-        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
-        if p.logit_bias:
-            n = len(p.logit_bias)
-            arr = (C.llama_logit_bias * n)()
-            for i, (tok, bias) in enumerate(p.logit_bias.items()):
-                arr[i].token, arr[i].bias = int(tok), float(bias)
-            add(C.llama_sampler_init_logit_bias(self.n_vocab, n, arr))
-        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
-            # llama.h (this llama.cpp): llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)
-            add(C.llama_sampler_init_penalties(self.n_vocab, p.repeat_last_n, p.repeat_penalty,
-                                               p.frequency_penalty, p.presence_penalty))
-        if p.grammar:
-            g = C.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
-            if not g:
-                C.llama_sampler_free(chain)
-                raise LocalrunError("the grammar does not parse", hint="check the GBNF (llama.cpp grammars/README.md)")
-            add(g)
-        if p.temperature <= 0:
-            add(C.llama_sampler_init_greedy())
-        else:
-            if p.top_k > 0:
-                add(C.llama_sampler_init_top_k(int(p.top_k)))
-            if 0 < p.top_p < 1:
-                add(C.llama_sampler_init_top_p(float(p.top_p), 1))
-            if p.min_p > 0:
-                add(C.llama_sampler_init_min_p(float(p.min_p), 1))
-            add(C.llama_sampler_init_temp(float(p.temperature)))
-            seed = C.LLAMA_DEFAULT_SEED if p.seed is None else int(p.seed) & 0xFFFFFFFF
-            add(C.llama_sampler_init_dist(seed))
-        return chain
+        """llama.cpp sampler chain for ``p`` (see ``llamacpp_sampling.make_sampler``)."""
+        from localrun.backends.llamacpp_sampling import make_sampler
+
+        return make_sampler(self.C, self.vocab, self.n_vocab, p)
 
     # ------------------------------------------------------------------ sequences
     def acquire_slot(self, prompt: Sequence[int]) -> Slot | None:

@@ -41,7 +41,6 @@ from localrun.backends.text import _partial_stop_len, common_prefix
 from localrun.errors import (
     BackendError,
     BackendUnavailableError,
-    ChatTemplateError,
     ContextOverflowError,
     ModelNotFoundError,
 )
@@ -230,12 +229,10 @@ class MlxEngine:
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
-        if self._template is None:
-            raise ChatTemplateError(
-                f"{os.path.basename(self.model_path)} has no chat template (it is probably a base model, "
-                "not an instruction-tuned one)",
-                hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        from localrun.chat_template import render_chat
+
+        return render_chat(self._template, self.model_path, messages,
+                           add_generation_prompt=add_generation_prompt, tools=tools)
 
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams):
