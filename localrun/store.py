@@ -149,7 +149,7 @@ def _size(p: Path) -> int:
 def scan_store(models_dir: Path) -> list[LocalModel]:
     """GGUFs in localrun's own store, named by their pull sidecar when there is one."""
     from localrun.catalog import quant_from_filename
-    from localrun.pull import SIDECAR_SUFFIX
+    from localrun.download import SIDECAR_SUFFIX
 
     out = []
     if not models_dir.is_dir():
@@ -315,7 +315,7 @@ def remove_pulled(model: str, *, all_quants: bool = False, models_dir: Path | No
     when ``name`` has several quantizations and ``all_quants`` is not set.
     """
     from localrun.errors import ConfigError
-    from localrun.pull import PARTIAL_SUFFIX, SIDECAR_SUFFIX
+    from localrun.download import PARTIAL_SUFFIX, SIDECAR_SUFFIX
 
     if models_dir is None:
         from localrun.config import get_settings
