@@ -247,3 +247,37 @@ def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
     assert "mlx, requests served one at a time" in out  # the start-up line
     assert proc.returncode == 0, out
     assert "Traceback" not in out and "terminate called" not in out
+
+
+# ------------------------------------------------------------------ serve an MLX folder
+def test_ollama_routes_describe_an_mlx_folder(smollm_path, tmp_path, isolated_home):
+    """An MLX folder has no GGUF header: /api/tags, /api/show and /api/ps describe it from config.json."""
+    from localrun.backends.mlx_gguf import write_mlx_folder
+    from localrun.commands.serve import load_for_serving
+    from localrun.config import Settings
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    folder = write_mlx_folder(str(smollm_path), tmp_path / "smollm-mlx")
+    settings = Settings(home=isolated_home, models_dir=isolated_home / "models")
+    engine, plan, hw = load_for_serving(str(folder), settings, parallel=1, ctx=512, threads=1, force=False,
+                                        chat_template=None, backend="mlx")
+    srv = ServerThread(create_app(engine, settings, ServeOptions(plan=plan, hardware=hw)))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as h:
+            tag = h.get("/api/tags").json()["models"][0]
+            assert tag["details"]["format"] == "mlx" and tag["details"]["family"] == "llama"
+            assert tag["size"] == sum(f.stat().st_size for f in folder.glob("*.safetensors")) > 0
+            show = h.post("/api/show", json={"model": tag["name"]})
+            assert show.status_code == 200, show.text
+            info = show.json()["model_info"]
+            assert info["llama.block_count"] == 30 and info["llama.embedding_length"] == 576
+            assert info["llama.attention.head_count_kv"] == 3
+            ps = h.get("/api/ps")
+            assert ps.status_code == 200 and ps.json()["models"][0]["size"] > 0
+            r = h.post("/api/generate", json={"model": tag["name"], "prompt": "The capital of France is",
+                                              "raw": True, "stream": False, "options": {"num_predict": 4}})
+            assert r.status_code == 200 and r.json()["done"] is True
+    finally:
+        srv.stop()
+        engine.close()

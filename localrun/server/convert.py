@@ -10,7 +10,9 @@ import json
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Sequence
 
 from localrun.backends.base import Message, SamplingParams, Stats, TokenLogprob
@@ -243,9 +245,11 @@ def ollama_final_fields(stats: Stats | None, finish: str | None, t_total_s: floa
 
 
 def ollama_details(spec) -> dict:
+    """Ollama's ``details`` object for a GGUF ``spec`` or a ``FolderFacts`` (an MLX folder)."""
     n = spec.n_params
-    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
-    return {"parent_model": "", "format": "gguf", "family": spec.arch, "families": [spec.arch],
+    size = "" if not n else f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    fmt = getattr(spec, "format", "gguf")
+    return {"parent_model": "", "format": fmt, "family": spec.arch, "families": [spec.arch],
             "parameter_size": size, "quantization_level": spec.file_type}
 
 
@@ -253,6 +257,52 @@ def ollama_model_entry(name: str, spec, path: str, mtime_s: float) -> dict:
     return {"name": name, "model": name,
             "modified_at": datetime.fromtimestamp(mtime_s, timezone.utc).isoformat().replace("+00:00", "Z"),
             "size": spec.file_bytes, "digest": _digest(path, spec.file_bytes), "details": ollama_details(spec)}
+
+
+@dataclass
+class FolderFacts:
+    """What the Ollama routes show of a model that has no GGUF header: an MLX folder (config.json +
+    *.safetensors, the mlx-community layout). Sizes in bytes, lengths in tokens; 0 where unknown."""
+
+    arch: str = "unknown"
+    name: str = ""
+    n_params: int = 0
+    file_type: str = ""
+    file_bytes: int = 0
+    n_ctx_train: int = 0
+    n_layer: int = 0
+    n_embd: int = 0
+    n_head: int = 0
+    n_head_kv: int = 0
+    format: str = "mlx"
+
+
+def folder_facts(path: str) -> FolderFacts:
+    """``FolderFacts`` from an MLX folder's config.json (Hugging Face config names); never raises."""
+    p = Path(path)
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    if not isinstance(cfg, dict):
+        cfg = {}
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    q = cfg.get("quantization") or cfg.get("quantization_config") or {}
+    bits = q.get("bits") if isinstance(q, dict) else None
+    try:
+        size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+    except OSError:
+        size = 0
+
+    def num(key: str) -> int:
+        v = text.get(key, cfg.get(key))
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    return FolderFacts(arch=str(text.get("model_type") or cfg.get("model_type") or "unknown"), name=p.name,
+                       file_type=f"{bits}-bit" if bits else str(cfg.get("torch_dtype") or ""), file_bytes=size,
+                       n_ctx_train=num("max_position_embeddings"), n_layer=num("num_hidden_layers"),
+                       n_embd=num("hidden_size"), n_head=num("num_attention_heads"),
+                       n_head_kv=num("num_key_value_heads") or num("num_attention_heads"))
 
 
 def _digest(path: str, size: int) -> str:

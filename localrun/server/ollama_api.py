@@ -56,7 +56,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         e = _entry(st)
         plan = st.options.plan
         kv_bytes = int(getattr(plan, "kv_cache_bytes", 0) or 0)
-        weights = int(getattr(plan, "weights_bytes", 0) or (st.spec.tensor_bytes if st.spec else 0))
+        weights = int(getattr(plan, "weights_bytes", 0) or getattr(st.spec, "tensor_bytes", st.spec.file_bytes))
         vram = int(getattr(plan, "vram_bytes", 0) or 0)
         e.update(expires_at="0001-01-01T00:00:00Z", size=weights + kv_bytes, size_vram=vram,
                  context_length=st.engine.n_ctx)

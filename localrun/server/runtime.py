@@ -53,7 +53,12 @@ class ServerState:
         self.options = options
         self.metrics = metrics
         self.scheduler = Scheduler(engine, metrics, max_queue=options.max_queue)
+        # the GGUF header, or (an MLX folder has none) what its config.json says
         self.spec = getattr(engine, "spec", None)
+        if self.spec is None:
+            from localrun.server.convert import folder_facts
+
+            self.spec = folder_facts(engine.model_path)
         self.model_id = options.model_id or os.path.basename(engine.model_path).removesuffix(".gguf")
         self.started_s = time.time()
         self._embedder_factory = embedder_factory
