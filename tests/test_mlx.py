@@ -184,6 +184,14 @@ def test_stop_string_and_max_tokens(mlx_smollm):
     assert chunks[-1].finish_reason == "length" and chunks[-1].stats.completion_tokens == 5
 
 
+def test_ignore_eos_runs_to_max_tokens(mlx_smollm):
+    yes = Message("user", "Reply with the single word: yes")
+    short = list(mlx_smollm.chat([SYSTEM, yes], SamplingParams(temperature=0, max_tokens=40)))
+    assert short[-1].finish_reason == "stop" and short[-1].stats.completion_tokens < 40
+    full = list(mlx_smollm.chat([SYSTEM, yes], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+    assert full[-1].finish_reason == "length" and full[-1].stats.completion_tokens == 40
+
+
 def test_closing_early_leaves_the_engine_usable(mlx_smollm):
     gen = mlx_smollm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=50))
     next(gen)

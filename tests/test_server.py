@@ -199,6 +199,16 @@ def test_sampling_features(client, http):
     assert len(e.data) == 2 and len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-3
 
 
+def test_ignore_eos_generates_exactly_max_tokens(client):
+    msgs = [{"role": "user", "content": "Reply with the single word: yes"}]
+    short = client.chat.completions.create(model="x", temperature=0, max_tokens=48, messages=msgs)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 48
+    full = client.chat.completions.create(model="x", temperature=0, max_tokens=48, messages=msgs,
+                                          extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 48
+    assert full.choices[0].message.content.startswith(short.choices[0].message.content)
+
+
 def test_ollama_endpoints(http):
     assert "version" in http.get("/api/version").json()
     tags = http.get("/api/tags").json()["models"]

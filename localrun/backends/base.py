@@ -35,6 +35,8 @@ class SamplingParams:
     ``temperature <= 0`` means greedy. ``max_tokens=None`` generates until EOS, a stop string, or the
     context is full. ``seed=None`` draws a random seed. ``grammar`` is GBNF (llama.cpp grammars/README.md).
     ``logprobs`` = number of top alternatives to return per token (0 = the chosen token's only, None = off).
+    ``ignore_eos`` bans the end-of-generation tokens (llama-server's and vLLM's extension: fixed-length
+    outputs for benchmarks), so only ``max_tokens``, a stop string or a full context end the generation.
     """
 
     temperature: float = 0.8
@@ -51,6 +53,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: str | None = None
     logprobs: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass

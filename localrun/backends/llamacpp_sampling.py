@@ -6,6 +6,19 @@ from localrun.backends.base import SamplingParams
 from localrun.errors import LocalrunError
 
 
+_EOG: dict[int, tuple[int, ...]] = {}
+
+
+def eog_tokens(C, vocab, n_vocab: int) -> tuple[int, ...]:
+    """The vocabulary's end-of-generation token ids (``llama_vocab_is_eog``), computed once per vocab."""
+    import ctypes
+
+    key = ctypes.cast(vocab, ctypes.c_void_p).value or 0
+    if key not in _EOG:
+        _EOG[key] = tuple(t for t in range(n_vocab) if C.llama_vocab_is_eog(vocab, t))
+    return _EOG[key]
+
+
 def make_sampler(C, vocab, n_vocab: int, p: SamplingParams):
     """A ``llama_sampler`` chain for ``p``; the caller frees it with ``llama_sampler_free``.
 
@@ -18,11 +31,14 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams):
     def add(s) -> None:
         C.llama_sampler_chain_add(chain, s)
 
-    if p.logit_bias:
-        n = len(p.logit_bias)
+    bias: dict[int, float] = dict(p.logit_bias)
+    if p.ignore_eos:  # as llama-server: -inf on every end-of-generation token (common/sampling.cpp)
+        bias.update((t, float("-inf")) for t in eog_tokens(C, vocab, n_vocab))
+    if bias:
+        n = len(bias)
         arr = (C.llama_logit_bias * n)()
-        for i, (tok, bias) in enumerate(p.logit_bias.items()):
-            arr[i].token, arr[i].bias = int(tok), float(bias)
+        for i, (tok, b) in enumerate(bias.items()):
+            arr[i].token, arr[i].bias = int(tok), float(b)
         add(C.llama_sampler_init_logit_bias(n_vocab, n, arr))
     if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
         # llama.h (this llama.cpp): llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)

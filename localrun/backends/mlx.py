@@ -260,8 +260,11 @@ class MlxEngine:
         """mlx-lm logits processors for logit bias and the repetition/presence/frequency penalties."""
         from mlx_lm.sample_utils import make_logits_processors
 
+        bias = {int(k): float(v) for k, v in p.logit_bias.items()}
+        if p.ignore_eos:
+            bias.update((t, float("-inf")) for t in self.eog_ids)
         return make_logits_processors(
-            logit_bias={int(k): float(v) for k, v in p.logit_bias.items()} or None,
+            logit_bias=bias or None,
             repetition_penalty=p.repeat_penalty if p.repeat_penalty != 1.0 else None,
             repetition_context_size=p.repeat_last_n,
             presence_penalty=p.presence_penalty or None, presence_context_size=p.repeat_last_n,

@@ -88,7 +88,7 @@ def sampling_from_openai(req, *, max_tokens: int | None, logprobs: int | None,
         raise RequestError("n > 1 is not supported: send separate requests (they are batched together)",
                            param="n", code="unsupported_value")
     p = SamplingParams(max_tokens=max_tokens, stop=list(req.stop or []), logprobs=logprobs, grammar=grammar,
-                       logit_bias=_logit_bias(req.logit_bias))
+                       logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos))
     for f in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
               "repeat_penalty", "repeat_last_n"):
         v = getattr(req, f)

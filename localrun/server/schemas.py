@@ -81,6 +81,7 @@ class _SamplingFields(_Base):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1)
+    ignore_eos: bool = False  # llama-server's / vLLM's extension
 
     @field_validator("stop")
     @classmethod
