@@ -35,6 +35,9 @@ Run (a few minutes on 2 cores; everything is bounded by ``--level-timeout``):
     timeout 900 .venv/bin/python benches/serve_concurrency.py [--model PATH] [--threads N] [--ctx 2048]
         [--levels 1,4,8,16] [--requests 16] [--max-tokens 64] [--only localrun|peer] [--json OUT.json]
 
+``--llama-server PATH`` adds llama.cpp's own server as a third, reference column (``-np`` = the top
+level, one KV stream per slot, its default flash attention; ``--no-repack`` where the CPU advertises AMX).
+
 Both servers listen on free 127.0.0.1 ports and are killed on exit (also on Ctrl-C / SIGTERM).
 Not a test: it prints numbers and ratios, no thresholds are asserted.
 """
@@ -320,13 +323,20 @@ def server_argv(kind: str, args, port: int) -> list[str]:
         return [py, "-m", "localrun", "serve", str(args.model), "--host", HOST, "--port", str(port),
                 "--parallel", str(max(args.levels)), "--ctx", str(args.ctx), "--threads", str(args.threads),
                 "--max-queue", "256", "--log-level", "warning"]
+    if kind == "llama-server":  # llama.cpp's own server (tools/server), built from the same llama.cpp
+        n = max(args.levels)
+        argv = [str(args.llama_server), "-m", str(args.model), "--host", HOST, "--port", str(port), "-np", str(n),
+                "-c", str(args.ctx * n), "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]
+        from localrun.backends.llamacpp_lib import _cpu_advertises_amx
+
+        return argv + (["--no-repack"] if _cpu_advertises_amx() else [])  # the AMX fix localrun applies
     return [py, str(ROOT / "benches" / "llama_cpp_server_noamx.py"), "--model", str(args.model),
             "--host", HOST, "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
             "--n_threads_batch", str(args.threads), "--interrupt_requests", "False",
             "--flash_attn", str(args.peer_flash_attn)]
 
 
-NAMES = {"localrun": "localrun serve", "peer": "llama_cpp.server"}
+NAMES = {"localrun": "localrun serve", "peer": "llama_cpp.server", "llama-server": "llama-server"}
 
 
 def with_server(kind: str, args, log_dir: str, what: str, fn):
@@ -402,18 +412,28 @@ def report(runs: dict[str, dict], args) -> None:
             print(f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
                   f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
                   f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{_per_core(lv):>11.1f}")
-    lr, pe = runs.get("localrun"), runs.get("peer")
-    if lr and pe:
-        print("\nlocalrun / llama_cpp.server aggregate tok/s:")
+    pe = runs.get("peer")
+    for key in ("localrun", "llama-server"):
+        if not (runs.get(key) and pe):
+            continue
+        print(f"\n{NAMES[key]} / llama_cpp.server aggregate tok/s:")
         by = {lv["level"]: lv for lv in pe["levels"]}
-        for lv in lr["levels"]:
+        for lv in runs[key]["levels"]:
             other = by.get(lv["level"])
             if other and other["tok_s"] > 0:
                 goal = "  (goal ≥ 2.5×: " + ("MET" if lv["tok_s"] / other["tok_s"] >= 2.5 else "NOT MET") + ")" \
-                    if lv["level"] == 8 else ""
+                    if lv["level"] == 8 and key == "localrun" else ""
                 per_core = _per_core(lv) / _per_core(other) if _per_core(other) > 0 else float("nan")
                 print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}; "
                       f"per server core {per_core:.2f}×")
+    lr, ls = runs.get("localrun"), runs.get("llama-server")
+    if lr and ls:
+        print("\nlocalrun serve / llama-server aggregate tok/s:")
+        by = {lv["level"]: lv for lv in ls["levels"]}
+        for lv in lr["levels"]:
+            other = by.get(lv["level"])
+            if other and other["tok_s"] > 0:
+                print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×")
     for key, run in runs.items():
         ratios = [p["ratio"] for p in run["prefix"] if p["ratio"] is not None]
         if ratios:
@@ -436,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-words", type=int, default=960, help="words in the shared system prompt (~1,000 tokens)")
     ap.add_argument("--prefix-trials", type=int, default=3)
     ap.add_argument("--peer-flash-attn", action="store_true", help="run the peer with --flash_attn True")
-    ap.add_argument("--only", choices=("localrun", "peer"), default=None)
+    ap.add_argument("--only", choices=("localrun", "peer", "llama-server"), default=None)
+    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), metavar="PATH",
+                    help="also measure llama.cpp's own llama-server binary (built from the same llama.cpp: "
+                    "cmake --build build --target llama-server), started with -np = the top level")
     ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds before a level is cut off")
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -457,7 +480,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     with tempfile.TemporaryDirectory(prefix="serve_concurrency-") as log_dir:
-        runs = run_all([args.only] if args.only else ["peer", "localrun"], args, log_dir)
+        kinds = ["peer", "localrun"] + (["llama-server"] if args.llama_server else [])
+        if args.only == "llama-server" and not args.llama_server:
+            ap.error("--only llama-server needs --llama-server PATH")
+        runs = run_all([args.only] if args.only else kinds, args, log_dir)
     report(runs, args)
     print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     if args.json:
