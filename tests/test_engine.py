@@ -141,3 +141,67 @@ def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
         assert "Paris" in _text(eng.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
     finally:
         eng.close()
+
+
+def test_repack_patterns_name_the_cpu_layers_llama_cpp_would_repack():
+    """CPU_REPACK (ggml-cpu/repack.cpp) takes Q4_0/Q4_K/IQ4_NL with AVX2 and Q2_K with AVX-512, 2-D, rows a
+    multiple of 8; layers offloaded to a GPU (the last n_gpu_layers, the output past n_layer) are left out."""
+    import re
+
+    from localrun.backends.llamacpp_lib import repack_patterns
+    from localrun.catalog import get_entry
+    from localrun.offload.synthetic import spec_from_entry
+
+    spec = spec_from_entry(get_entry("llama-3.1-8b-instruct"), "Q4_K_M")  # 32 layers; Q4_K with Q6_K mixed in
+    avx2 = {"avx2": True, "avx512": False}
+
+    def matched(pats):
+        rx = [re.compile(p) for p in pats]
+        return {t.name for t in spec.tensors if any(r.search(t.name) for r in rx)}
+
+    expect = {t.name for t in spec.tensors if t.type_name == "Q4_K" and t.name.startswith("blk.")}
+    assert expect and matched(repack_patterns(spec, 0, avx2)) == expect | (
+        {"output.weight"} if any(t.name == "output.weight" and t.type_name == "Q4_K" for t in spec.tensors) else set())
+    assert not any(t.type_name == "Q6_K" for t in spec.tensors if t.name in matched(repack_patterns(spec, 0, avx2)))
+    on_cpu = matched(repack_patterns(spec, 12, avx2))  # layers 20..31 on the GPU
+    assert on_cpu == {n for n in expect if int(n.split(".")[1]) < 20}
+    assert matched(repack_patterns(spec, -1, avx2)) == set()  # everything offloaded
+    assert repack_patterns(spec, 0, {"avx2": False, "avx512": False}) == []
+    assert len(repack_patterns(spec, 0, avx2)) <= 8  # one pattern per weight kind, not per tensor
+
+
+@pytest.mark.skipif(not __import__("platform").machine() in ("x86_64", "AMD64"), reason="x86 repack kernels")
+def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
+    """Where localrun keeps llama.cpp's extra buffer types off (a CPU that advertises AMX), it names the
+    weights llama.cpp would repack for its AVX2 GEMM to the CPU_REPACK buffer type itself: llama.cpp
+    reports a CPU_REPACK buffer the size of Gemma's Q4_K layer weights, and greedy text equals the
+    unrepacked model's for 8 tokens (LOCALRUN_NO_REPACK=1; the GEMM sums in another order, so a long greedy
+    run may part at a near-tie, as it does between llama.cpp builds)."""
+    from localrun.backends import llamacpp
+    from localrun.backends.llamacpp_lib import _ggml_lib
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    if not _ggml_lib("ggml-cpu").ggml_cpu_has_avx2():
+        pytest.skip("no AVX2")
+    monkeypatch.setattr(llamacpp, "_cpu_advertises_amx", lambda: True)
+    spec = read_gguf(gemma_path)
+    texts = {}
+    for mode in ("plain", "repack"):
+        if mode == "plain":
+            monkeypatch.setenv("LOCALRUN_NO_REPACK", "1")
+        else:
+            monkeypatch.delenv("LOCALRUN_NO_REPACK")
+        eng = llamacpp.LlamaCppEngine(str(gemma_path), simple_plan(spec, n_ctx=256))
+        try:
+            sizes = [ln for ln in eng.load_log if "CPU_REPACK model buffer size" in ln]
+            assert eng.repacked == (mode == "repack") and bool(sizes) == (mode == "repack")
+            if sizes:
+                mib = float(sizes[0].split("=")[1].split()[0])
+                q4k = sum(t.n_bytes for t in spec.tensors if t.type_name == "Q4_K" and t.name.startswith("blk."))
+                assert abs(mib * 2**20 - q4k) < 0.02 * q4k
+            texts[mode] = _text(eng.generate("The river flows through the old town, past the market",
+                                             SamplingParams(temperature=0, max_tokens=8)))
+        finally:
+            eng.close()
+    assert texts["plain"] == texts["repack"] and len(texts["plain"].split()) >= 3

@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -31,6 +32,9 @@ from localrun.backends.llamacpp_lib import (
     _last_errors,
     _physical_cores,
     cpu_moe_overrides,
+    extra_buffer_types,
+    repack_patterns,
+    weight_overrides,
 )
 from localrun.backends.text import _partial_stop_len, common_prefix
 from localrun.errors import (
@@ -120,16 +124,25 @@ class LlamaCppEngine:
         mp.use_mmap = bool(plan.use_mmap)
         mp.use_mlock = bool(plan.use_mlock)
         mp.main_gpu = int(plan.main_gpu)
-        if _cpu_advertises_amx():
-            # llama.cpp's AMX matmul (an "extra buffer type") dies with SIGILL (tilezero) on this
-            # llama.cpp build on CPUs/VMs we have seen; the AVX-512 kernels are used instead.
-            mp.use_extra_bufts = False
         if plan.tensor_split:
             arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
             self._tensor_split = arr_t(*plan.tensor_split)
             mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
         # the planner keeps the MoE experts of the first n_cpu_moe layers on the CPU (llama.cpp --n-cpu-moe)
-        self._overrides = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
+        pairs = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
+        self.repacked = False
+        if _cpu_advertises_amx():
+            # llama.cpp's AMX matmul (an "extra buffer type") dies with SIGILL (tileloadd) on the first
+            # multi-token batch on VMs we have seen, even with the XTILEDATA permission granted; so the
+            # extra buffer types are turned off, and the weights llama.cpp would repack for its AVX2/AVX-512
+            # GEMM kernels (CPU_REPACK: Q4_0, Q4_K, IQ4_NL…) are named to that buffer type one by one.
+            mp.use_extra_bufts = False
+            repack = extra_buffer_types().get("CPU_REPACK")
+            if repack and not os.environ.get("LOCALRUN_NO_REPACK"):
+                pats = repack_patterns(self.spec, int(plan.n_gpu_layers))
+                pairs += [(p, repack) for p in pats]
+                self.repacked = bool(pats)
+        self._overrides = weight_overrides(pairs)
         if self._overrides is not None:
             mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         t0 = time.perf_counter()

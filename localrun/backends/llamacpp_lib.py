@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 from collections import deque
@@ -114,25 +115,117 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def cpu_moe_overrides(n_cpu_moe: int, regex: str = FFN_EXPS_REGEX):
-    """``tensor_buft_overrides`` keeping the MoE experts of the first ``n_cpu_moe`` layers in CPU memory,
-    as llama.cpp's ``--n-cpu-moe N`` (common/common.h ``llm_add_n_cpu_ffn_overrides``): one pattern
-    ``blk\\.{i}{regex}`` per layer, mapped to ``ggml_backend_cpu_buffer_type()``, NULL-terminated.
-
-    Returns the ctypes array (keep a reference while the model loads), or None for n_cpu_moe <= 0.
-    """
-    if n_cpu_moe <= 0:
-        return None
+def _ggml_lib(name: str):
+    """The ggml library ``name`` as llama.cpp itself loaded it. pip wheels store ``libggml-cpu.so``,
+    ``.so.0`` and ``.so.0.25.3`` as three separate files; libllama links the soname (``.so.0``), and
+    loading another of them would give a second copy with its own buffer types (whose pointers the
+    first copy does not recognise)."""
     import pathlib
 
     import llama_cpp
     from llama_cpp._ctypes_extensions import load_shared_library
 
-    lib = load_shared_library("ggml-cpu", pathlib.Path(llama_cpp.__file__).parent / "lib")
-    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
-    cpu = lib.ggml_backend_cpu_buffer_type()
-    arr = (_BuftOverride * (n_cpu_moe + 1))()
-    for i in range(n_cpu_moe):
-        arr[i].pattern = f"blk\\.{i}{regex}".encode()
-        arr[i].buft = cpu
+    libdir = pathlib.Path(llama_cpp.__file__).parent / "lib"
+    for soname in (f"lib{name}.so.0", f"lib{name}.0.dylib"):
+        if (libdir / soname).exists():
+            return ctypes.CDLL(str(libdir / soname))
+    return load_shared_library(name, libdir)
+
+
+def _cpu_device():
+    """(ggml-base library, the CPU ``ggml_backend_dev_t``) from llama.cpp's backend registry."""
+    _import_llama()  # libllama first: it loads and registers the backends
+    g, base = _ggml_lib("ggml"), _ggml_lib("ggml-base")
+    g.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    g.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    return base, g.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+
+
+def cpu_buffer_type() -> int:
+    """The CPU device's buffer type (``ggml_backend_cpu_buffer_type()``: plain host memory; llama.cpp
+    still considers the extra buffer types for a tensor overridden to it)."""
+    base, dev = _cpu_device()
+    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    return int(base.ggml_backend_dev_buffer_type(dev))
+
+
+def extra_buffer_types() -> dict[str, int]:
+    """The CPU backend's extra buffer types by name (``"AMX"``, ``"CPU_REPACK"``, ``"KLEIDIAI"``…), from
+    ``ggml_backend_dev_get_extra_bufts`` (ggml-cpu.cpp), as llama-model.cpp ``make_cpu_buft_list`` finds
+    them; empty if this build has none."""
+    base, dev = _cpu_device()
+    base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    base.ggml_backend_buft_name.restype = ctypes.c_char_p
+    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    fp = base.ggml_backend_reg_get_proc_address(base.ggml_backend_dev_backend_reg(dev),
+                                                b"ggml_backend_dev_get_extra_bufts")
+    if not fp:
+        return {}
+    arr = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fp)(dev)
+    out, i = {}, 0
+    while arr and arr[i]:
+        out[base.ggml_backend_buft_name(arr[i]).decode()] = int(arr[i])
+        i += 1
+    return out
+
+
+def cpu_moe_overrides(n_cpu_moe: int, regex: str = FFN_EXPS_REGEX) -> list[tuple[str, int]]:
+    """(pattern, buffer type) pairs keeping the MoE experts of the first ``n_cpu_moe`` layers in CPU
+    memory, as llama.cpp's ``--n-cpu-moe N`` (common/common.h ``llm_add_n_cpu_ffn_overrides``): one pattern
+    ``blk\\.{i}{regex}`` per layer, mapped to ``ggml_backend_cpu_buffer_type()``."""
+    if n_cpu_moe <= 0:
+        return []
+    cpu = cpu_buffer_type()
+    return [(f"blk\\.{i}{regex}", cpu) for i in range(n_cpu_moe)]
+
+
+# ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type, its x86 branches: weight type → the CPU feature
+# its interleaved GEMM kernel needs (the row count ne[1] must be a multiple of 8)
+_REPACK_X86 = {"Q4_0": "avx2", "Q4_K": "avx2", "IQ4_NL": "avx2", "MXFP4": "avx2", "Q2_K": "avx512"}
+_MATMUL_WEIGHT = re.compile(r"^blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_up|ffn_down|ffn_gate"
+                            r"|ffn_gate_up)\.weight$")
+
+
+def repack_patterns(spec, n_gpu_layers: int, has: dict[str, bool] | None = None) -> list[str]:
+    """Regexes naming the weights llama.cpp's CPU_REPACK buffer type would take (the ones it repacks into
+    interleaved blocks for its x86 GEMM kernels: Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512),
+    for the layers that stay on the CPU: the first ``n_layer - n_gpu_layers`` (llama.cpp offloads the
+    last ones; the output matrix goes to the GPU when ``n_gpu_layers > n_layer``). One anchored pattern
+    per weight kind, the layer numbers as an alternation. ``has`` = {"avx2": …, "avx512": …} (default:
+    what ggml detects). Used when the AMX buffer type must stay off (see ``weight_overrides``)."""
+    if has is None:
+        cpu = _ggml_lib("ggml-cpu")
+        has = {"avx2": bool(cpu.ggml_cpu_has_avx2()), "avx512": bool(cpu.ggml_cpu_has_avx512())}
+    n_layer = int(spec.n_layer)
+    ngl = n_layer + 1 if n_gpu_layers < 0 else int(n_gpu_layers)
+    first_gpu = max(0, n_layer - ngl)
+    by_kind: dict[str, list[int]] = {}
+    output = False
+    for t in spec.tensors:
+        need = _REPACK_X86.get(t.type_name)
+        if not need or not has.get(need) or len(t.shape) != 2 or t.shape[1] % 8:
+            continue
+        m = _MATMUL_WEIGHT.match(t.name)
+        if m and int(m.group(1)) < first_gpu:
+            by_kind.setdefault(m.group(2), []).append(int(m.group(1)))
+        elif t.name == "output.weight" and ngl <= n_layer:
+            output = True
+    pats = [f"^blk\\.({'|'.join(str(i) for i in sorted(ids))})\\.{kind}\\.weight$" for kind, ids in sorted(by_kind.items())]
+    return pats + (["^output\\.weight$"] if output else [])
+
+
+def weight_overrides(pairs: list[tuple[str, int]]):
+    """The NULL-terminated ``llama_model_tensor_buft_override`` array for (pattern, buffer type) pairs
+    (first match wins, as in llama-model-loader.cpp), or None for no pairs. Keep a reference to it
+    while the model loads."""
+    if not pairs:
+        return None
+    arr = (_BuftOverride * (len(pairs) + 1))()
+    for i, (pattern, buft) in enumerate(pairs):
+        arr[i].pattern = pattern.encode()
+        arr[i].buft = buft
     return arr
