@@ -132,10 +132,11 @@ class LlamaCppEngine:
         pairs = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
         self.repacked = False
         if _cpu_advertises_amx():
-            # llama.cpp's AMX matmul (an "extra buffer type") dies with SIGILL (tileloadd) on the first
-            # multi-token batch on VMs we have seen, even with the XTILEDATA permission granted; so the
-            # extra buffer types are turned off, and the weights llama.cpp would repack for its AVX2/AVX-512
-            # GEMM kernels (CPU_REPACK: Q4_0, Q4_K, IQ4_NL…) are named to that buffer type one by one.
+            # llama.cpp's AMX matmul (an "extra buffer type") dies with SIGILL (tilezero/tileloadd) on the
+            # first multi-token batch: the compiler drops the on-stack tile config (ggml-cpu/amx/mmq.cpp
+            # ggml_tile_config_init; llama.cpp PR #26954). So the extra buffer types are turned off, and the
+            # weights llama.cpp would repack for its AVX2/AVX-512 GEMM kernels (CPU_REPACK: Q4_0, Q4_K,
+            # IQ4_NL…) are named to that buffer type one by one. LOCALRUN_ALLOW_AMX=1: a fixed llama.cpp.
             mp.use_extra_bufts = False
             repack = extra_buffer_types().get("CPU_REPACK")
             if repack and not os.environ.get("LOCALRUN_NO_REPACK"):
