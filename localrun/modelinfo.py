@@ -67,7 +67,8 @@ def show_info(model: str, hardware=None) -> dict:
     return info
 
 
-def server_ps(host: str | None = None, port: int | None = None, timeout_s: float = 3.0) -> dict:
+def server_ps(host: str | None = None, port: int | None = None, timeout_s: float = 3.0,
+              api_key: str | None = None) -> dict:
     """``{"running": bool, "url": str, "models": [...]}`` from ``GET /api/ps`` of a localrun server.
 
     ``running`` is False (no exception) when nothing listens at host:port. Raises ConfigError when the
@@ -83,15 +84,17 @@ def server_ps(host: str | None = None, port: int | None = None, timeout_s: float
     port = port or st.port
     url = f"http://{host}:{port}"
     req = urllib.request.Request(url + "/api/ps")
-    if st.api_key:
-        req.add_header("Authorization", f"Bearer {st.api_key}")
+    key = api_key or st.api_key
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             data = json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise ConfigError(f"the server at {url} refused the request ({e.code})",
-                              hint="set LOCALRUN_API_KEY to the key the server was started with") from None
+                              hint="pass --api-key (or set LOCALRUN_API_KEY) with the key the server was "
+                              "started with") from None
         if e.code == 404:
             raise ConfigError(f"the server at {url} has no /api/ps: is it a localrun server?",
                               hint="point --host/--port (or LOCALRUN_PORT) at `localrun serve`") from None

@@ -51,7 +51,8 @@ def test_raw_completion_on_base_model(gemma_path):
     assert len(r.stdout.split()) >= 3
 
 
-@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_template", "bad_policy", "bad_template"])
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_template", "bad_policy", "bad_template",
+                                  "log_level", "foreign_host"])
 def test_user_errors_are_typed_messages_not_tracebacks(case, tmp_path, gemma_path, deepseek_header_path):
     bad = tmp_path / "model.gguf"
     bad.write_text("definitely not a model")
@@ -62,6 +63,8 @@ def test_user_errors_are_typed_messages_not_tracebacks(case, tmp_path, gemma_pat
         "no_template": (["chat", str(gemma_path), "-p", "hi"], 5, "no chat template"),
         "bad_policy": (["chat", "-p", "hi", "--context-policy", "sometimes"], 9, "context policy"),
         "bad_template": (["chat", "-p", "hi", "--chat-template", "nonesuch"], 5, "unknown chat template"),
+        "log_level": (["serve", "--log-level", "loud"], 9, "unknown --log-level"),
+        "foreign_host": (["serve", "--host", "192.0.2.1", "--api-key", "k"], 9, "not an address of this machine"),
     }[case]
     r = run(*args)
     assert r.returncode == code, (r.returncode, r.stderr)

@@ -205,3 +205,39 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
         finally:
             eng.close()
     assert texts["plain"] == texts["repack"] and len(texts["plain"].split()) >= 3
+
+
+def test_prefill_takes_waiting_prompts_in_turn(smollm_path):
+    """A short prompt that arrives while a long one is being prefilled gets its first token after one
+    chunk of the long prompt, not after all of it; each prompt's output is still its solo output."""
+    from localrun.backends import load_engine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=2048)
+    plan.n_parallel, plan.n_batch, plan.n_ubatch = 2, 128, 128
+    eng = load_engine(smollm_path, plan)
+    try:
+        long_p = eng.tokenize("The river flows through the old town. " * 60)[:700]  # 6 chunks of 128
+        short_p = eng.tokenize("The capital of France is")
+        p = SamplingParams(temperature=0, max_tokens=8)
+        solo = {}
+        for name, toks in (("long", long_p), ("short", short_p)):
+            g = eng.start(toks, p, slot=eng.slots[0])
+            while not g.done:
+                eng.step([g])
+            solo[name] = list(g.generated)
+            eng.release(g, keep_kv=False)
+        long_g = eng.start(long_p, p, slot=eng.slots[0])
+        eng.step([long_g])  # the first chunk of the long prompt
+        short_g = eng.start(short_p, p, slot=eng.slots[1])
+        gens, steps = [long_g, short_g], 0
+        while not short_g.generated:
+            eng.step(gens)
+            steps += 1
+        assert long_g.prefilling and long_g.n_prompt_done == 128 and steps == 1  # the new prompt went first
+        while not all(g.done for g in gens):
+            eng.step([g for g in gens if not g.done])
+        assert long_g.generated == solo["long"] and short_g.generated == solo["short"]
+    finally:
+        eng.close()

@@ -108,6 +108,9 @@ def test_disconnect_after_first_chunk_frees_the_sequence(server, http):
         time.sleep(0.2)
     assert metric(http, "localrun_active_sequences") == 0
     assert metric(http, "localrun_generated_tokens_total") > 0
+    while metric(http, "localrun_requests_total", '{endpoint="/v1/completions",status="499"}') < 1:
+        assert time.monotonic() < deadline, "the abandoned stream was never counted (499)"
+        time.sleep(0.2)
     assert http.get("/health").json()["active_sequences"] == 0
 
 
@@ -130,6 +133,12 @@ BAD = [
     ("wrong content type", {"Content-Type": "text/plain"}, b'{"messages": []}', 415, "unsupported_media_type"),
     ("bad json schema", None, {"messages": [{"role": "user", "content": "hi"}],
                                "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, None),
+    ("max_tokens true", None, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": True}, 400,
+     "invalid_value"),
+    ("stream 'yes'", None, {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "invalid_value"),
+    ("image part", None, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "invalid_value"),
 ]
 
 
@@ -142,6 +151,9 @@ def test_bad_input_gets_4xx_and_server_keeps_serving(http, client, desc, headers
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     if code:
         assert err["code"] == code
+    assert ".str" not in err["message"] and "list[" not in err["message"]  # field names, not pydantic's unions
+    if desc == "image part":
+        assert err["param"] == "messages.0.content" and "text-only" in err["message"]
     assert chat(client, "Say OK.", max_tokens=4)
 
 
@@ -232,6 +244,50 @@ def test_ollama_endpoints(http):
     assert g["done"] and g["response"] and g["context"]
     bad = http.post("/api/chat", json={"messages": [{"role": "wizard", "content": "x"}]})
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+
+
+def test_bad_ollama_context_fails_alone(server, http):
+    """An out-of-vocabulary token id in /api/generate's ``context`` is a 400 for that request; a stream
+    running alongside finishes normally (llama_decode would otherwise fail the whole batch)."""
+    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 40, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300) as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data: "))
+            bad = http.post("/api/generate", json={"prompt": "hi", "raw": True, "context": [99999999],
+                                                   "stream": False})
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+    assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]
+    assert "error" not in first and rest[-1] == "data: [DONE]" and not any('"error"' in ln for ln in rest)
+    for images in ({"images": ["iVBORw0KGgo="]},):
+        r = http.post("/api/generate", json={"prompt": "Describe the picture.", "stream": False, **images})
+        assert r.status_code == 400 and "image" in r.json()["error"]
+        r = http.post("/api/chat", json={"messages": [{"role": "user", "content": "Describe.", **images}],
+                                         "stream": False})
+        assert r.status_code == 400 and "image" in r.json()["error"]
+
+
+def test_model_lookup_and_embedding_dimensions(http, client):
+    name = client.models.list().data[0].id
+    assert client.models.retrieve(name).id == name
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    assert http.post("/api/show", json={"model": name + ":latest"}).status_code == 200
+    assert http.post("/api/show", json={"model": "llama3"}).status_code == 404
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.embeddings.create(model="x", input=["a cat"], dimensions=10)
+    assert "576" in str(ei.value)
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="x", prompt="word " * (N_CTX + 10), max_tokens=4)
+    assert ei.value.body["param"] == "prompt" and ei.value.body["code"] == "context_length_exceeded"
+
+
+def test_ollama_stream_ends_with_an_empty_final_line(http):
+    body = {"prompt": "Why is the sky blue?", "options": {"temperature": 0, "num_predict": 6}}
+    with http.stream("POST", "/api/generate", json=body) as s:
+        lines = [json.loads(ln) for ln in s.iter_lines() if ln]
+    assert lines[-1]["done"] is True and lines[-1]["response"] == "" and lines[-1]["context"]
+    assert "".join(ln["response"] for ln in lines[:-1]) and all(not ln["done"] for ln in lines[:-1])
 
 
 def test_metrics_exposes_the_counters(http):

@@ -76,6 +76,7 @@ class Generation:
     t_first: float = 0.0
     t_prefill_done: float = 0.0
     cancelled: bool = False
+    last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
     decoder: object = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     @property
@@ -189,6 +190,7 @@ class LlamaCppEngine:
         self.n_parallel = n_par
         self.slots = [Slot(seq_id=i) for i in range(n_par)]
         self._prefill_turn = True
+        self._steps = 0
         self._batch = C.llama_batch_init(self.n_batch + n_par, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
@@ -266,13 +268,18 @@ class LlamaCppEngine:
     def start(self, prompt: Sequence[int], params: SamplingParams, slot: Slot | None = None) -> Generation:
         """Reserve a slot for ``prompt`` and reuse its longest cached prefix.
 
-        Raises ContextOverflowError when the prompt leaves no room to generate, BackendError when no
-        slot is free (callers queue instead)."""
+        Raises ContextOverflowError when the prompt leaves no room to generate, LocalrunError for a token
+        id outside the vocabulary (llama_decode would fail the whole batch), BackendError when no slot is
+        free (callers queue instead)."""
         prompt = list(prompt)
         if not prompt:
             prompt = [self.C.llama_vocab_bos(self.vocab)] if self.add_bos else self.tokenize(" ", add_special=True)
         if len(prompt) >= self.n_ctx:
             raise ContextOverflowError(len(prompt), self.n_ctx)
+        if min(prompt) < 0 or max(prompt) >= self.n_vocab:
+            bad = next(t for t in prompt if not 0 <= t < self.n_vocab)
+            raise LocalrunError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})",
+                                hint="send token ids this model's tokenizer produced (or text)")
         slot = slot or self.acquire_slot(prompt)
         if slot is None or slot.busy:
             raise BackendError("no free sequence slot", hint="wait for a running request to finish")
@@ -316,9 +323,9 @@ class LlamaCppEngine:
         """One ``llama_decode`` for the running sequences; returns the chunks it produced.
 
         Either a decode batch (one token for every sequence that is generating, ordered by sequence id)
-        or a prefill batch (the next chunk, up to ``n_batch`` tokens, of ONE sequence's prompt); while
-        both kinds are waiting they alternate, so a long prompt is prefilled in chunks and running streams
-        keep flowing. Not mixing them matters with one KV stream per sequence: llama.cpp then splits a
+        or a prefill batch (the next chunk, up to ``n_batch`` tokens, of ONE sequence's prompt, taking
+        the prefilling sequences in turn); while both kinds are waiting they alternate, so a long prompt
+        is prefilled in chunks and running streams keep flowing. Not mixing them matters with one KV stream per sequence: llama.cpp then splits a
         batch into equal per-sequence parts over consecutive sequence ids (llama-batch.cpp split_equal),
         which would cut a prompt mixed with decode tokens into one-token pieces. It also keeps a prompt's
         arithmetic the same whether or not other requests are running.
@@ -331,7 +338,11 @@ class LlamaCppEngine:
         waiting = [g for g in gens if not g.done and g.prefilling]
         prefill: list[tuple[Generation, int]] = []
         if waiting and (not decoding or self._prefill_turn):
-            g = waiting[0]
+            # round-robin over the prompts still prefilling (a new one first): a short request that
+            # arrives during a long prompt's prefill waits one chunk, not the whole prompt
+            g = min(waiting, key=lambda w: (w.last_prefill, w.t_start))
+            self._steps += 1
+            g.last_prefill = self._steps
             take = min(self.n_batch, len(g.prompt) - g.n_prompt_done)
             sid, pos0, toks = g.slot.seq_id, g.n_prompt_done, g.prompt
             for j in range(take):
@@ -354,9 +365,10 @@ class LlamaCppEngine:
         if n == 0:
             return []
         batch.n_tokens = n
+        mark = LlamaLog.mark()
         rc = C.llama_decode(self.ctx, batch)
         if rc != 0:
-            raise BackendError(f"llama_decode failed (code {rc}): " + _last_errors(LlamaLog.since(-50)),
+            raise BackendError(f"llama_decode failed (code {rc}): " + _last_errors(LlamaLog.since(mark)),
                                hint="the KV cache is full or memory ran out; lower --parallel or --ctx")
         # bookkeeping first: the KV now holds these tokens
         for g, take in prefill:

@@ -167,14 +167,15 @@ def show(
 
 def ps(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
-    host: Optional[str] = typer.Option(None, "--host", help="Server host (default: settings.host)."),
-    port: Optional[int] = typer.Option(None, "--port", help="Server port (default: settings.port)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Server host (default 127.0.0.1; LOCALRUN_HOST)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Server port (default 11500; LOCALRUN_PORT)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="The key the server was started with (LOCALRUN_API_KEY)."),
 ) -> None:
     """What a running `localrun serve` has loaded: model, quantization, memory, plan (GET /api/ps)."""
     from localrun.modelinfo import server_ps
     from localrun.render import print_json, stdout
 
-    info = server_ps(host=host, port=port)
+    info = server_ps(host=host, port=port, api_key=api_key)
     if json_out:
         print_json(info)  # {"running": false, …} when no server listens
         return

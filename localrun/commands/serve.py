@@ -35,14 +35,26 @@ def check_port_free(host: str, port: int) -> None:
 
     from localrun.errors import ConfigError
 
+    import errno
+
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port {port} is out of range", hint="use a port from 1 to 65535 (default 11500)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host.strip("[]"), port))
         except OSError as e:
-            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e})",
-                              hint="another server uses this port: pick another with --port (or LOCALRUN_PORT)") from None
+            if isinstance(e, socket.gaierror):
+                hint = f"{host!r} is not a host name or address this machine can resolve: check --host"
+            elif e.errno == errno.EADDRNOTAVAIL:
+                hint = (f"{host} is not an address of this machine: use 127.0.0.1, 0.0.0.0 (all interfaces) "
+                        "or one of its own addresses")
+            elif e.errno == errno.EACCES:
+                hint = "ports below 1024 need administrator rights: pick a higher --port"
+            else:
+                hint = "another server uses this port: pick another with --port (or LOCALRUN_PORT)"
+            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e})", hint=hint) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +62,7 @@ def register(app: typer.Typer) -> None:
     def serve(
         model: Optional[str] = typer.Argument(None, help="A .gguf path or a model name (default: the embedded SmolLM2)."),
         host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default 127.0.0.1; LOCALRUN_HOST)."),
-        port: Optional[int] = typer.Option(None, "--port", help="Port (default 11500; LOCALRUN_PORT)."),
+        port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port (default 11500; LOCALRUN_PORT)."),
         api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' (LOCALRUN_API_KEY)."),
         insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
         cors_origin: List[str] = typer.Option([], "--cors-origin", help="Allow browser requests from this origin (repeatable)."),
@@ -71,11 +83,14 @@ def register(app: typer.Typer) -> None:
         and Ollama (/api/chat, /api/generate, /api/tags, /api/show, /api/ps) wire formats, with continuous
         batching, prefix caching, /health and Prometheus /metrics.
 
-        With --backend mlx the same API runs on MLX, but requests are served one at a time (one sequence:
-        later requests wait in the queue; prefix caching reuses the previous request's KV); /v1/embeddings
-        answers 501 (embeddings need the llama.cpp backend)."""
+        With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the
+        queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501
+        (embeddings need the llama.cpp backend)."""
         from localrun.config import get_settings
+        from localrun.errors import ConfigError
 
+        if log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError(f"unknown --log-level {log_level!r}", hint="use debug, info, warning or error")
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)

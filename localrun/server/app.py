@@ -27,6 +27,7 @@ from localrun.server.runtime import ClientGone, ServeOptions, ServerState
 
 log = logging.getLogger("localrun.server")
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "function-after", "function-before"}
 _KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
                 "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/health", "/metrics"}
 
@@ -83,7 +84,9 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc):
         first = exc.errors()[0] if exc.errors() else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        # pydantic names union branches in the location ("content.str", "stop.list[str]"): keep field names
+        loc = ".".join(str(x) for x in first.get("loc", ())
+                       if x != "body" and not (isinstance(x, str) and (x in _TYPE_TAGS or "[" in x or "(" in x)))
         msg = f"{loc or 'body'}: {first.get('msg', 'invalid value')}"
         return _err(request, 400, error_body(msg, param=loc or None, code="invalid_value"))
 
@@ -101,7 +104,7 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
         log.exception("unhandled error on %s", request.url.path)
         return _err(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", etype="server_error"))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         return {"status": "ok", "model": st.model_id, "active_sequences": st.scheduler.n_running,
                 "queued": st.scheduler.n_waiting, "n_parallel": getattr(engine, "n_parallel", 1)}
@@ -150,18 +153,21 @@ class _Gate:
                              [(b"www-authenticate", b'Bearer realm="localrun"')])
             return self._log(scope, method, path, 401, 0.0)
         t0 = time.perf_counter()
-        status = {"code": 500}
+        status = {"code": 500, "logged": False}
 
         async def send_wrapper(msg):
             if msg["type"] == "http.response.start":
                 status["code"] = msg["status"]
             await send(msg)
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                status["logged"] = True
                 self._log(scope, method, path, status["code"], time.perf_counter() - t0)
 
         try:
             await self.app(scope, receive, send_wrapper)
         except OSError:  # the client went away mid-response
+            pass
+        if not status["logged"]:  # a stream the client left before its end: nginx's 499
             self._log(scope, method, path, 499, time.perf_counter() - t0)
 
     def _log(self, scope, method: str, path: str, status: int, dt_s: float) -> None:

@@ -33,7 +33,8 @@ class QueueFullError(LocalrunError):
     """Every sequence slot is busy and the wait queue is full (503 with Retry-After)."""
 
     def __init__(self, max_queue: int, retry_after_s: int = 1) -> None:
-        super().__init__(f"the server is busy: {max_queue} requests are already waiting",
+        super().__init__(f"the server is busy: {max_queue} request{'s are' if max_queue != 1 else ' is'} "
+                         "already waiting",
                          hint="retry later, or start the server with a larger --max-queue/--parallel")
         self.retry_after_s = retry_after_s
 
@@ -63,7 +64,7 @@ def error_info(exc: LocalrunError) -> tuple[int, dict]:
                 status, etype, code = st, et, cd
                 break
         if isinstance(exc, ContextOverflowError):
-            param = "messages"
+            param = getattr(exc, "param", None) or "messages"
     msg = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
     return status, error_body(msg, etype=etype, param=param, code=code)
 

@@ -15,8 +15,9 @@ from fastapi import FastAPI, Request
 
 from localrun.backends.base import Message
 from localrun.backends.serial import serving_mode
-from localrun.errors import LocalrunError
+from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
+from localrun.server.errors import RequestError
 from localrun.server.runtime import ServerState
 from localrun.server.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
 
@@ -38,7 +39,10 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/show")
     async def show(request: Request) -> dict:
-        OllamaShowRequest.model_validate(await st.read_json(request, lenient_type=True))
+        show = OllamaShowRequest.model_validate(await st.read_json(request, lenient_type=True))
+        name = show.model or show.name
+        if name and not st.serves(name):
+            raise ModelNotFoundError(name, hint=f"this server serves {st.model_id!r} (GET /api/tags)")
         spec = st.spec
         tpl = getattr(getattr(st.engine, "_template", None), "source", "") or ""
         caps = ["completion"] + (["tools"] if cv.template_supports_tools(tpl) else []) + ["embedding"]
@@ -81,9 +85,9 @@ def register(app: FastAPI, st: ServerState) -> None:
                     "done_reason": "load", "done": True}
         params = cv.sampling_from_ollama(req.options, req.format)
         tools = [t.model_dump() for t in req.tools] if req.tools else None
+        for m in req.messages:
+            _no_images(m.images)
         if tools and not cv.template_supports_tools(getattr(getattr(st.engine, "_template", None), "source", None)):
-            from localrun.server.errors import RequestError
-
             raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
         msgs = [Message(role=m.role, content=m.content, tool_calls=m.tool_calls) for m in req.messages]
         prompt, tokens = await st.chat_tokens(msgs, tools)
@@ -119,7 +123,10 @@ def register(app: FastAPI, st: ServerState) -> None:
                                          "message": {"role": "assistant", "content": c.text}, "done": False})
                     else:
                         st.note(request, c.stats, c.finish_reason, prompt)
-                        yield _line(done_line("".join(held) + c.text if tools else c.text, c))
+                        if c.text and not tools:  # Ollama's final line carries no text
+                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(),
+                                         "message": {"role": "assistant", "content": c.text}, "done": False})
+                        yield _line(done_line("".join(held) + c.text if tools else "", c))
             except LocalrunError as e:
                 yield _line({"error": e.message})
 
@@ -132,13 +139,20 @@ def register(app: FastAPI, st: ServerState) -> None:
             return {"model": st.model_id, "created_at": cv.ollama_now(), "response": "", "done": True,
                     "done_reason": "load"}
         params = cv.sampling_from_ollama(req.options, req.format)
+        _no_images(req.images)
+        # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory
+        context = st.check_token_ids(req.context or [], "context")
         if req.raw or not st.engine.has_chat_template:
             prompt = (req.system + "\n\n" if req.system and not req.raw else "") + req.prompt
-            tokens = (req.context or []) + await st.text_tokens(prompt)
-            st.check_fits(tokens)
+            new = await st.text_tokens(prompt)
         else:
-            msgs = ([Message("system", req.system)] if req.system else []) + [Message("user", req.prompt)]
-            prompt, tokens = await st.chat_tokens(msgs)
+            msgs = ([Message("system", req.system)] if req.system and not context else []) + [Message("user", req.prompt)]
+            prompt, new = await st.chat_tokens(msgs)
+        bos = getattr(st.spec, "bos_token_id", None)
+        if context and new and bos is not None and new[0] == bos:
+            new = new[1:]  # one BOS, at the start of the context
+        tokens = context + new
+        st.check_fits(tokens, "prompt")
         t0 = time.perf_counter()
         job = await st.start(request, tokens, params)
         out_ids: list[int] = []
@@ -169,11 +183,21 @@ def register(app: FastAPI, st: ServerState) -> None:
                                          "done": False})
                     else:
                         st.note(request, c.stats, c.finish_reason, prompt)
-                        yield _line(done_line(c.text, c))
+                        if c.text:  # Ollama's final line carries no text
+                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text,
+                                         "done": False})
+                        yield _line(done_line("", c))
             except LocalrunError as e:
                 yield _line({"error": e.message})
 
         return st.stream(job, lines(), "application/x-ndjson")
+
+
+def _no_images(images) -> None:
+    """Ollama answers an image for a text-only model with an error; so does localrun (no vision models)."""
+    if images:
+        raise RequestError("this model does not support image input (localrun serves text-only models)",
+                           param="images", code="unsupported_value")
 
 
 def _entry(st: ServerState) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
-from localrun.errors import LocalrunError
+from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError, error_info
 from localrun.server.runtime import ServerState
@@ -23,6 +23,8 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict:
+        if not st.serves(model_id):
+            raise ModelNotFoundError(model_id, hint=f"this server serves {st.model_id!r} (GET /v1/models)")
         return _model_card(st)
 
     @app.post("/v1/chat/completions")
@@ -130,7 +132,13 @@ def register(app: FastAPI, st: ServerState) -> None:
             raise RequestError("'input' must not be empty", param="input")
         if len(inp) > 256:
             raise RequestError("at most 256 inputs per request", param="input")
-        token_lists = [await st.text_tokens(x) for x in inp]
+        dim = int(getattr(st.spec, "n_embd", 0) or 0)
+        if req.dimensions is not None and req.dimensions != dim:
+            # OpenAI truncates its v3 models' (Matryoshka) embeddings; a GGUF's pooled embedding is not
+            # trained for that, so say so instead of returning a vector of another length
+            raise RequestError(f"this model's embeddings have {dim} dimensions; 'dimensions' cannot change that",
+                               param="dimensions", code="unsupported_value")
+        token_lists = [await st.text_tokens(x, "input") for x in inp]
 
         def run(engine):
             emb = st.embedder(engine)

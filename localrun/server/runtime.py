@@ -64,6 +64,12 @@ class ServerState:
         self._embedder_factory = embedder_factory
         self._embedder = None
 
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` names the loaded model: its id, Ollama's ``id:latest``, or the file's name.
+        (Generation requests accept any ``model``: the server holds one model and answers with it.)"""
+        base = os.path.basename(self.engine.model_path.rstrip("/"))
+        return name in (self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"))
+
     # ------------------------------------------------------------------ requests → tokens
     async def read_json(self, request: Request, *, lenient_type: bool = False) -> Any:
         """The body as JSON. 415 unless Content-Type is JSON (``lenient_type``: also none or curl's form
@@ -105,25 +111,33 @@ class ServerState:
         self.check_fits(tokens)
         return text, tokens
 
-    async def text_tokens(self, prompt) -> list[int]:
+    def check_token_ids(self, ids: list[int], param: str) -> list[int]:
+        """``ids`` if every one is in the vocabulary, else RequestError naming ``param``."""
+        n = self.engine.n_vocab
+        bad = [t for t in ids if not 0 <= t < n]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{n - 1})", param=param)
+        return list(ids)
+
+    async def text_tokens(self, prompt, param: str = "prompt") -> list[int]:
         """A raw prompt (text or token ids) → tokens. Raises RequestError on bad ids, ContextOverflowError."""
         eng = self.engine
         if isinstance(prompt, list):
-            bad = [t for t in prompt if not 0 <= t < eng.n_vocab]
-            if bad:
-                raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{eng.n_vocab - 1})",
-                                   param="prompt")
-            tokens = list(prompt)
+            tokens = self.check_token_ids(prompt, param)
         else:
             tokens = await run_in_threadpool(eng.tokenize, prompt, add_special=True, parse_special=False)
-        self.check_fits(tokens)
+        self.check_fits(tokens, param)
         return tokens
 
-    def check_fits(self, tokens: list[int]) -> None:
+    def check_fits(self, tokens: list[int], param: str = "messages") -> None:
+        """ContextOverflowError (OpenAI's ``context_length_exceeded`` on ``param``) when ``tokens`` leave
+        no room to generate in one sequence's context."""
         if len(tokens) >= self.engine.n_ctx:
-            raise ContextOverflowError(len(tokens), self.engine.n_ctx,
+            err = ContextOverflowError(len(tokens), self.engine.n_ctx,
                                        hint="shorten the prompt; the server's context per sequence is fixed "
                                        "at start (--ctx)")
+            err.param = param
+            raise err
 
     def check_params(self, p: SamplingParams) -> None:
         bad = [t for t in p.logit_bias if not 0 <= t < self.engine.n_vocab]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 
 class _Base(BaseModel):
@@ -30,14 +30,29 @@ class ChatMessageIn(_Base):
     of text parts (images are not supported by the text-only backends)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[dict[str, Any]], None] = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v):
+        """List content → ``TextPart``s; an image/audio/file part is refused by name (text-only models)."""
+        if not isinstance(v, list):
+            return v
+        parts = []
+        for part in v:
+            kind = part.get("type")
+            if kind != "text":
+                raise ValueError(f"content parts of type {kind!r} are not supported: localrun serves text-only "
+                                 "models (send text, or parts of type 'text')")
+            parts.append(TextPart.model_validate(part))
+        return parts
+
 
 class StreamOptions(_Base):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class JsonSchemaFormat(_Base):
@@ -66,22 +81,22 @@ class _SamplingFields(_Base):
     """Sampling fields shared by chat and text completions (OpenAI names, plus llama.cpp's extras)."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
+    max_tokens: StrictInt | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = None
+    seed: StrictInt | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repeat_penalty: float | None = Field(default=None, gt=0)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
+    repeat_last_n: StrictInt | None = Field(default=None, ge=-1)
     logit_bias: dict[str, float] | None = None
     stop: Union[str, list[str], None] = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
-    ignore_eos: bool = False  # llama-server's / vLLM's extension
+    n: StrictInt = Field(default=1, ge=1)
+    ignore_eos: StrictBool = False  # llama-server's / vLLM's extension
 
     @field_validator("stop")
     @classmethod
@@ -96,19 +111,19 @@ class _SamplingFields(_Base):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessageIn]
-    max_completion_tokens: int | None = Field(default=None, gt=0)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: StrictInt | None = Field(default=None, gt=0)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    echo: StrictBool = False
     suffix: str | None = None
 
 
@@ -116,25 +131,25 @@ class EmbeddingRequest(_Base):
     model: str | None = None
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None
 
 
 # ---------------------------------------------------------------------------------------------- Ollama
 class OllamaOptions(_Base):
     """``options`` of /api/chat and /api/generate (Ollama api/types.go ``Options``)."""
 
-    num_predict: int | None = None  # -1 = unlimited
+    num_predict: StrictInt | None = None  # -1 = unlimited
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = None
+    seed: StrictInt | None = None
     stop: list[str] | None = None
     repeat_penalty: float | None = Field(default=None, gt=0)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
+    repeat_last_n: StrictInt | None = Field(default=None, ge=-1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    num_ctx: int | None = None  # ignored: the context is fixed at load time
+    num_ctx: StrictInt | None = None  # ignored: the context is fixed at load time
 
 
 class OllamaMessage(_Base):
@@ -147,7 +162,7 @@ class OllamaMessage(_Base):
 class OllamaChatRequest(_Base):
     model: str | None = None
     messages: list[OllamaMessage] = Field(default_factory=list)
-    stream: bool = True
+    stream: StrictBool = True
     format: Union[Literal["json", ""], dict[str, Any], None] = None
     options: OllamaOptions | None = None
     tools: list[ToolDef] | None = None
@@ -159,8 +174,8 @@ class OllamaGenerateRequest(_Base):
     prompt: str = ""
     system: str | None = None
     suffix: str | None = None
-    raw: bool = False
-    stream: bool = True
+    raw: StrictBool = False
+    stream: StrictBool = True
     format: Union[Literal["json", ""], dict[str, Any], None] = None
     options: OllamaOptions | None = None
     context: list[int] | None = None
