@@ -282,6 +282,22 @@ def test_model_lookup_and_embedding_dimensions(http, client):
     assert ei.value.body["param"] == "prompt" and ei.value.body["code"] == "context_length_exceeded"
 
 
+def test_ollama_embed_endpoints(http, client):
+    r = http.post("/api/embed", json={"model": "x", "input": ["a cat", "a dog"]})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert len(d["embeddings"]) == 2 and len(d["embeddings"][0]) == 576 and d["prompt_eval_count"] > 0
+    openai_vec = client.embeddings.create(model="x", input=["a cat"]).data[0].embedding
+    assert max(abs(a - b) for a, b in zip(d["embeddings"][0], openai_vec)) < 1e-5
+    legacy = http.post("/api/embeddings", json={"model": "x", "prompt": "a cat"}).json()["embedding"]
+    assert max(abs(a - b) for a, b in zip(legacy, openai_vec)) < 1e-5
+    long = http.post("/api/embed", json={"input": "word " * (N_CTX + 10)})  # truncate defaults to true
+    assert long.status_code == 200 and long.json()["prompt_eval_count"] == N_CTX - 1
+    strict = http.post("/api/embed", json={"input": "word " * (N_CTX + 10), "truncate": False})
+    assert strict.status_code == 400 and "context" in strict.json()["error"]
+    assert http.post("/api/embed", json={"input": []}).status_code == 400
+
+
 def test_ollama_stream_ends_with_an_empty_final_line(http):
     body = {"prompt": "Why is the sky blue?", "options": {"temperature": 0, "num_predict": 6}}
     with http.stream("POST", "/api/generate", json=body) as s:

@@ -149,7 +149,8 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     stderr().print(f"localrun: serving [bold]{st.model_id}[/] on http://{url_host}:{settings.port} "
                    f"({mode}"
                    f"{', API key required' if settings.api_key else ''}) — OpenAI base URL "
-                   f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}")
+                   f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}",
+                   soft_wrap=True)  # one line in a log file too (no wrapping at 80 columns)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level.lower(), access_log=False)
     finally:

@@ -29,7 +29,8 @@ log = logging.getLogger("localrun.server")
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "function-after", "function-before"}
 _KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
-                "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/health", "/metrics"}
+                "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/api/embed", "/api/embeddings",
+                "/health", "/metrics"}
 
 
 def create_app(engine, settings, options: ServeOptions | None = None, *, embedder_factory=None):

@@ -19,7 +19,7 @@ from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError
 from localrun.server.runtime import ServerState
-from localrun.server.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
+from localrun.server.schemas import OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
 
 
 def _line(obj) -> str:
@@ -54,6 +54,21 @@ def register(app: FastAPI, st: ServerState) -> None:
         return {"license": "", "modelfile": f"FROM {st.engine.model_path}\n", "parameters": "",
                 "template": tpl, "details": cv.ollama_details(spec), "model_info": info,
                 "capabilities": caps, "modified_at": _entry(st)["modified_at"]}
+
+    @app.post("/api/embed")
+    async def embed(request: Request) -> dict:
+        req = OllamaEmbedRequest.model_validate(await st.read_json(request, lenient_type=True))
+        inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
+        t0 = time.perf_counter()
+        vectors, n = await st.embed(request, inputs, "input", truncate=req.truncate)
+        return {"model": st.model_id, "embeddings": vectors, "total_duration": int((time.perf_counter() - t0) * 1e9),
+                "load_duration": 0, "prompt_eval_count": n}
+
+    @app.post("/api/embeddings")  # Ollama's older endpoint: one prompt, one vector
+    async def embeddings(request: Request) -> dict:
+        req = OllamaEmbedRequest.model_validate(await st.read_json(request, lenient_type=True))
+        vectors, _ = await st.embed(request, [req.prompt] if req.prompt else [], "prompt", truncate=req.truncate)
+        return {"embedding": vectors[0]}
 
     @app.get("/api/ps")
     async def ps() -> dict:

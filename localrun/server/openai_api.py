@@ -128,24 +128,13 @@ def register(app: FastAPI, st: ServerState) -> None:
         inp = req.input
         if isinstance(inp, str) or (isinstance(inp, list) and inp and isinstance(inp[0], int)):
             inp = [inp]
-        if not inp:
-            raise RequestError("'input' must not be empty", param="input")
-        if len(inp) > 256:
-            raise RequestError("at most 256 inputs per request", param="input")
         dim = int(getattr(st.spec, "n_embd", 0) or 0)
         if req.dimensions is not None and req.dimensions != dim:
             # OpenAI truncates its v3 models' (Matryoshka) embeddings; a GGUF's pooled embedding is not
             # trained for that, so say so instead of returning a vector of another length
             raise RequestError(f"this model's embeddings have {dim} dimensions; 'dimensions' cannot change that",
                                param="dimensions", code="unsupported_value")
-        token_lists = [await st.text_tokens(x, "input") for x in inp]
-
-        def run(engine):
-            emb = st.embedder(engine)
-            return [emb.embed(t) for t in token_lists]
-
-        vectors = await st.call(request, run)
-        n = sum(len(t) for t in token_lists)
+        vectors, n = await st.embed(request, inp, "input")
         return {"object": "list", "model": st.model_id,
                 "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
                          for i, v in enumerate(vectors)],

@@ -221,6 +221,29 @@ class ServerState:
             info["prompt"] = prompt
 
     # ------------------------------------------------------------------ embeddings
+    async def embed(self, request: Request, inputs: list, param: str, *, truncate: bool = False
+                    ) -> tuple[list[list[float]], int]:
+        """Pooled, L2-normalised embeddings of ``inputs`` (texts or token-id lists), computed on the
+        scheduler thread between decode steps → (vectors, prompt tokens). ``truncate`` cuts an input to
+        the context (Ollama's default) instead of raising ContextOverflowError. Raises RequestError."""
+        if not inputs:
+            raise RequestError(f"'{param}' must not be empty", param=param)
+        if len(inputs) > 256:
+            raise RequestError("at most 256 inputs per request", param=param)
+        token_lists = []
+        for x in inputs:
+            if truncate and isinstance(x, str):
+                toks = await run_in_threadpool(self.engine.tokenize, x, add_special=True, parse_special=False)
+                token_lists.append(toks[: self.engine.n_ctx - 1])
+            else:
+                token_lists.append(await self.text_tokens(x, param))
+
+        def run(engine):
+            emb = self.embedder(engine)
+            return [emb.embed(t) for t in token_lists]
+
+        return await self.call(request, run), sum(len(t) for t in token_lists)
+
     def embedder(self, engine):
         """The embedding context, created on first use (on the scheduler thread)."""
         if self._embedder is None:

@@ -183,6 +183,15 @@ class OllamaGenerateRequest(_Base):
     keep_alive: Any = None
 
 
+class OllamaEmbedRequest(_Base):
+    """``/api/embed`` (``input``: a string or a list) and the older ``/api/embeddings`` (``prompt``)."""
+
+    model: str | None = None
+    input: Union[str, list[str], None] = None
+    prompt: str | None = None
+    truncate: StrictBool = True
+
+
 class OllamaShowRequest(_Base):
     model: str | None = None
     name: str | None = None  # older clients
