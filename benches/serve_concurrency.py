@@ -9,8 +9,9 @@ a shared machine lands on both alike; the same GGUF (default: the embedded SmolL
    its next request when the previous ends) over ``/v1/completions``, greedy, ``max_tokens`` fixed, a
    distinct prompt per request. Per level: aggregate decode tok/s = completion tokens of all requests /
    wall time of the level; TTFT P50 (request sent → first token chunk, queueing included); inter-token
-   latency P50; the CPU the server process used and the CPU *other* processes used meanwhile (from
-   /proc/stat, in cores), so a noisy machine shows up in the table instead of hiding in the ratio.
+   latency P50; the CPU the server process used, the CPU *other* processes used meanwhile and the CPU
+   time the hypervisor gave to other guests ("steal"; all from /proc/stat, in cores), so a noisy machine
+   shows up in the table instead of hiding in the ratio.
 2. **Prefix cache**: ``--prefix-trials`` times, a fresh ~1,000-token system prompt, then two chat requests
    sharing it (different user questions), one after the other; TTFT of the second / the first.
 
@@ -79,11 +80,21 @@ TOPICS = ["a lighthouse keeper", "a lost dog", "a clockmaker", "a river pilot", 
 
 
 # ------------------------------------------------------------------------------------------------ CPU
+def _cpu_line() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def _busy_jiffies() -> int:
     """Busy CPU time of the whole machine (all cores), clock ticks, from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return sum(v) - v[3] - (v[4] if len(v) > 4 else 0)  # minus idle and iowait
+    v = _cpu_line()
+    return sum(v[:8]) - v[3] - (v[4] if len(v) > 4 else 0) - _steal_jiffies(v)  # minus idle, iowait, steal
+
+
+def _steal_jiffies(v: list[int] | None = None) -> int:
+    """Time the hypervisor gave this VM's CPUs to other guests (/proc/stat "steal"), clock ticks."""
+    v = v if v is not None else _cpu_line()
+    return v[7] if len(v) > 7 else 0
 
 
 def _proc_jiffies(pid: int, tid: int | None = None) -> int:
@@ -105,7 +116,7 @@ class CpuWindow:
 
     def __init__(self, server_pid: int) -> None:
         self.pid, self.tck = server_pid, os.sysconf("SC_CLK_TCK")
-        self.t0, self.all0 = time.perf_counter(), _busy_jiffies()
+        self.t0, self.all0, self.steal0 = time.perf_counter(), _busy_jiffies(), _steal_jiffies()
         self.srv0, self.me0 = _proc_jiffies(server_pid), _proc_jiffies(os.getpid())
         self.loop0 = _proc_jiffies(server_pid, server_pid)
 
@@ -116,7 +127,8 @@ class CpuWindow:
         me = _proc_jiffies(os.getpid()) - self.me0
         other = max(0, _busy_jiffies() - self.all0 - srv - me)
         c = lambda j: j / self.tck / wall  # noqa: E731  (cores)
-        return {"server_cores": c(srv), "loop_cores": c(loop), "client_cores": c(me), "other_cores": c(other)}
+        return {"server_cores": c(srv), "loop_cores": c(loop), "client_cores": c(me), "other_cores": c(other),
+                "steal_cores": c(_steal_jiffies() - self.steal0)}
 
 
 # ------------------------------------------------------------------------------------------------ servers
@@ -372,7 +384,7 @@ def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
             print(f"   {level:>2} streams: {lv['tok_s']:7.1f} tok/s aggregate, TTFT p50 {_ms(lv['ttft_p50_s'])}, "
                   f"ITL p50 {_ms(lv['itl_p50_s'])}, {lv['ok']}/{n} ok, {lv['tokens_per_req']:.1f} tok/req, "
                   f"server {lv['server_cores']:.2f} cores (event loop {lv['loop_cores']:.2f}), "
-                  f"others {lv['other_cores']:.2f} cores"
+                  f"others {lv['other_cores']:.2f} cores, stolen by the hypervisor {lv['steal_cores']:.2f}"
                   + (f"  ERRORS: {lv['errors']}" if lv["errors"] else ""), flush=True)
     if args.prefix_trials:
         for kind in kinds:
@@ -406,12 +418,13 @@ def report(runs: dict[str, dict], args) -> None:
     print(f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
           f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}")
     print(f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
-          f"{'loop':>6}{'others':>8}{'tok/s/core':>11}")
+          f"{'loop':>6}{'others':>8}{'steal':>7}{'tok/s/core':>11}")
     for run in runs.values():
         for lv in run["levels"]:
             print(f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
                   f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
-                  f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{_per_core(lv):>11.1f}")
+                  f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{lv.get('steal_cores', 0.0):>7.2f}"
+                  f"{_per_core(lv):>11.1f}")
     pe = runs.get("peer")
     for key in ("localrun", "llama-server"):
         if not (runs.get(key) and pe):
