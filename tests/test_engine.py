@@ -241,3 +241,43 @@ def test_prefill_takes_waiting_prompts_in_turn(smollm_path):
         assert long_g.generated == solo["long"] and short_g.generated == solo["short"]
     finally:
         eng.close()
+
+
+def test_prompt_chunks_shrink_while_others_decode(smollm_path):
+    """On the CPU a long prompt is prefilled 128 tokens at a time while another sequence decodes (its
+    stall per chunk stays short), with no remainder under 32 tokens; both outputs equal their solo ones."""
+    from localrun.backends import load_engine
+    from localrun.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=2048)
+    plan.n_parallel, plan.n_batch, plan.n_ubatch = 2, 512, 512
+    eng = load_engine(smollm_path, plan)
+    try:
+        assert eng.prefill_chunk_decoding == 128
+        long_p = eng.tokenize("The river flows through the old town. " * 80)[:660]
+        short_p = eng.tokenize("Once upon a time")
+        p = SamplingParams(temperature=0, max_tokens=24, logit_bias={2: -100.0})
+        solo = {}
+        for name, toks in (("long", long_p), ("short", short_p)):
+            g = eng.start(toks, p, slot=eng.slots[0])
+            while not g.done:
+                eng.step([g])
+            solo[name] = list(g.generated)
+            eng.release(g, keep_kv=False)
+        short_g = eng.start(short_p, p, slot=eng.slots[1])
+        eng.step([short_g])  # its prefill; it decodes from now on
+        long_g = eng.start(long_p, p, slot=eng.slots[0])
+        gens, chunks, done = [short_g, long_g], [], 0
+        while long_g.prefilling:
+            eng.step(gens)
+            if long_g.n_prompt_done != done:
+                chunks.append(long_g.n_prompt_done - done)
+                done = long_g.n_prompt_done
+        assert sum(chunks) == len(long_p) > 512 and all(c == 128 for c in chunks[:-1]), chunks
+        assert 32 <= chunks[-1] < 128 + 32, chunks  # the tail is never a sliver
+        while not all(g.done for g in gens):
+            eng.step([g for g in gens if not g.done])
+        assert long_g.generated == solo["long"] and short_g.generated == solo["short"]
+    finally:
+        eng.close()
