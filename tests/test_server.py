@@ -298,6 +298,18 @@ def test_ollama_embed_endpoints(http, client):
     assert http.post("/api/embed", json={"input": []}).status_code == 400
 
 
+def test_ollama_generate_context_continues_the_conversation(http):
+    """``context`` from one /api/generate is prepended to the next (chat template path too): the new turn
+    starts right after it, with its own ``<|im_start|>`` (SmolLM2's BOS id, which the tokenizer does not add)."""
+    opts = {"temperature": 0, "num_predict": 8}
+    first = http.post("/api/generate", json={"prompt": "My name is Ada.", "stream": False, "options": opts}).json()
+    ctx = first["context"]
+    second = http.post("/api/generate", json={"prompt": "What is my name?", "context": ctx, "stream": False,
+                                              "options": opts}).json()
+    assert second["context"][:len(ctx)] == ctx and second["context"][len(ctx)] == 1
+    assert second["prompt_eval_count"] < len(second["context"]) - len(ctx)  # the context came from the cache
+
+
 def test_ollama_stream_ends_with_an_empty_final_line(http):
     body = {"prompt": "Why is the sky blue?", "options": {"temperature": 0, "num_predict": 6}}
     with http.stream("POST", "/api/generate", json=body) as s:

@@ -164,8 +164,8 @@ def register(app: FastAPI, st: ServerState) -> None:
             msgs = ([Message("system", req.system)] if req.system and not context else []) + [Message("user", req.prompt)]
             prompt, new = await st.chat_tokens(msgs)
         bos = getattr(st.spec, "bos_token_id", None)
-        if context and new and bos is not None and new[0] == bos:
-            new = new[1:]  # one BOS, at the start of the context
+        if context and new and getattr(st.engine, "add_bos", False) and new[0] == bos:
+            new = new[1:]  # the tokenizer added a BOS: keep only the one at the start of the context
         tokens = context + new
         st.check_fits(tokens, "prompt")
         t0 = time.perf_counter()
