@@ -128,9 +128,7 @@ def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
     from localrun.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
-    orig = llamacpp_lib.cpu_moe_overrides
-    monkeypatch.setattr("localrun.backends.llamacpp.cpu_moe_overrides",
-                        lambda n: orig(n, regex=r"\.ffn_(up|down|gate)\."))
+    monkeypatch.setattr(llamacpp_lib, "FFN_EXPS_REGEX", r"\.ffn_(up|down|gate)\.")
     plan = simple_plan(read_gguf(smollm_path), n_ctx=256)
     plan.n_cpu_moe = 2
     eng = LlamaCppEngine(str(smollm_path), plan)

@@ -16,26 +16,21 @@ several sequences in one batch (continuous batching, used by ``localrun serve``)
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import math
-import os
 import time
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
+from localrun.backends.base import Chunk, Message, SamplingParams, TokenLogprob
 from localrun.backends.llamacpp_lib import (
     LlamaLog,
     _cpu_advertises_amx,
     _import_llama,
     _last_errors,
     _physical_cores,
-    cpu_moe_overrides,
-    extra_buffer_types,
-    repack_patterns,
-    weight_overrides,
+    weight_placement,
 )
+from localrun.backends.llamacpp_seq import Generation, Slot
 from localrun.backends.text import _partial_stop_len, common_prefix
 from localrun.errors import (
     BackendError,
@@ -45,57 +40,6 @@ from localrun.errors import (
 )
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-
-
-@dataclass
-class Slot:
-    """One sequence's KV cells. ``tokens`` are exactly the tokens whose KV the cache holds for it."""
-
-    seq_id: int
-    tokens: list[int] = field(default_factory=list)
-    busy: bool = False
-    last_used: float = 0.0
-
-
-@dataclass
-class Generation:
-    """A running request on a slot: its prompt, sampler, output text and timings."""
-
-    slot: Slot
-    prompt: list[int]
-    params: SamplingParams
-    sampler: object
-    n_prompt_done: int  # prompt tokens whose KV is in the cache (cached prefix + prefilled)
-    cached_tokens: int
-    t_start: float
-    pending: int | None = None  # last sampled token, to be decoded next step
-    generated: list[int] = field(default_factory=list)
-    text: str = ""
-    sent: int = 0  # characters of ``text`` already yielded
-    finish_reason: str | None = None
-    t_first: float = 0.0
-    t_prefill_done: float = 0.0
-    cancelled: bool = False
-    last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
-    decoder: object = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.n_prompt_done < len(self.prompt)
-
-    def stats(self, n_ctx: int) -> Stats:
-        now = time.perf_counter()
-        return Stats(
-            prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
-            completion_tokens=len(self.generated),
-            ttft_s=(self.t_first or now) - self.t_start,
-            prefill_s=(self.t_prefill_done or now) - self.t_start,
-            decode_s=max(0.0, now - (self.t_first or now)),
-            n_ctx_used=len(self.slot.tokens), n_ctx=n_ctx)
 
 
 class LlamaCppEngine:
@@ -129,22 +73,9 @@ class LlamaCppEngine:
             arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
             self._tensor_split = arr_t(*plan.tensor_split)
             mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
-        # the planner keeps the MoE experts of the first n_cpu_moe layers on the CPU (llama.cpp --n-cpu-moe)
-        pairs = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
-        self.repacked = False
-        if _cpu_advertises_amx():
-            # llama.cpp's AMX matmul (an "extra buffer type") dies with SIGILL (tilezero/tileloadd) on the
-            # first multi-token batch: the compiler drops the on-stack tile config (ggml-cpu/amx/mmq.cpp
-            # ggml_tile_config_init; llama.cpp PR #26954). So the extra buffer types are turned off, and the
-            # weights llama.cpp would repack for its AVX2/AVX-512 GEMM kernels (CPU_REPACK: Q4_0, Q4_K,
-            # IQ4_NL…) are named to that buffer type one by one. LOCALRUN_ALLOW_AMX=1: a fixed llama.cpp.
-            mp.use_extra_bufts = False
-            repack = extra_buffer_types().get("CPU_REPACK")
-            if repack and not os.environ.get("LOCALRUN_NO_REPACK"):
-                pats = repack_patterns(self.spec, int(plan.n_gpu_layers))
-                pairs += [(p, repack) for p in pats]
-                self.repacked = bool(pats)
-        self._overrides = weight_overrides(pairs)
+        # which buffer type each weight goes to: MoE experts kept on the CPU, AMX off, CPU_REPACK by name
+        self._overrides, use_extra_bufts, self.repacked = weight_placement(self.spec, plan, _cpu_advertises_amx())
+        mp.use_extra_bufts = use_extra_bufts
         if self._overrides is not None:
             mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         t0 = time.perf_counter()

@@ -173,12 +173,13 @@ def extra_buffer_types() -> dict[str, int]:
     return out
 
 
-def cpu_moe_overrides(n_cpu_moe: int, regex: str = FFN_EXPS_REGEX) -> list[tuple[str, int]]:
+def cpu_moe_overrides(n_cpu_moe: int, regex: str | None = None) -> list[tuple[str, int]]:
     """(pattern, buffer type) pairs keeping the MoE experts of the first ``n_cpu_moe`` layers in CPU
     memory, as llama.cpp's ``--n-cpu-moe N`` (common/common.h ``llm_add_n_cpu_ffn_overrides``): one pattern
-    ``blk\\.{i}{regex}`` per layer, mapped to ``ggml_backend_cpu_buffer_type()``."""
+    ``blk\\.{i}{regex}`` per layer (default ``FFN_EXPS_REGEX``), mapped to ``ggml_backend_cpu_buffer_type()``."""
     if n_cpu_moe <= 0:
         return []
+    regex = regex or FFN_EXPS_REGEX
     cpu = cpu_buffer_type()
     return [(f"blk\\.{i}{regex}", cpu) for i in range(n_cpu_moe)]
 
@@ -229,3 +230,23 @@ def weight_overrides(pairs: list[tuple[str, int]]):
         arr[i].pattern = pattern.encode()
         arr[i].buft = buft
     return arr
+
+
+def weight_placement(spec, plan, amx_advertised: bool):
+    """Where llama.cpp puts each weight, for ``plan`` → (``tensor_buft_overrides`` array or None,
+    ``use_extra_bufts``, whether weights were named to CPU_REPACK).
+
+    * The MoE experts of the first ``plan.n_cpu_moe`` layers stay on the CPU (``cpu_moe_overrides``).
+    * On a CPU that advertises AMX the extra buffer types are turned off: llama.cpp's AMX matmul dies with
+      SIGILL (tilezero/tileloadd) on the first multi-token batch, because the compiler drops the on-stack
+      tile config (ggml-cpu/amx/mmq.cpp ``ggml_tile_config_init``; llama.cpp PR #26954). The weights
+      llama.cpp would have repacked for its AVX2/AVX-512 GEMM kernels are then named to CPU_REPACK one
+      kind at a time (``repack_patterns``), so prompt processing keeps that speed-up.
+      ``LOCALRUN_ALLOW_AMX=1`` (a fixed llama.cpp) and ``LOCALRUN_NO_REPACK=1`` change this.
+    """
+    pairs = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
+    if not amx_advertised:
+        return weight_overrides(pairs), True, False
+    repack = extra_buffer_types().get("CPU_REPACK")
+    pats = repack_patterns(spec, int(plan.n_gpu_layers)) if repack and not os.environ.get("LOCALRUN_NO_REPACK") else []
+    return weight_overrides(pairs + [(p, repack) for p in pats]), False, bool(pats)

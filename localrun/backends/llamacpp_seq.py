@@ -1,0 +1,61 @@
+"""The sequences the llama.cpp engine runs: a ``Slot`` (one sequence's KV cells) and a ``Generation`` (a
+request running on a slot: prompt, sampler, output, timings). ``LlamaCppEngine.step`` advances them."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+
+from localrun.backends.base import SamplingParams, Stats
+
+
+@dataclass
+class Slot:
+    """One sequence's KV cells. ``tokens`` are exactly the tokens whose KV the cache holds for it."""
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    busy: bool = False
+    last_used: float = 0.0
+
+
+@dataclass
+class Generation:
+    """A running request on a slot: its prompt, sampler, output text and timings."""
+
+    slot: Slot
+    prompt: list[int]
+    params: SamplingParams
+    sampler: object
+    n_prompt_done: int  # prompt tokens whose KV is in the cache (cached prefix + prefilled)
+    cached_tokens: int
+    t_start: float
+    pending: int | None = None  # last sampled token, to be decoded next step
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of ``text`` already yielded
+    finish_reason: str | None = None
+    t_first: float = 0.0
+    t_prefill_done: float = 0.0
+    cancelled: bool = False
+    last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
+    decoder: object = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_prompt_done < len(self.prompt)
+
+    def stats(self, n_ctx: int) -> Stats:
+        now = time.perf_counter()
+        return Stats(
+            prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
+            completion_tokens=len(self.generated),
+            ttft_s=(self.t_first or now) - self.t_start,
+            prefill_s=(self.t_prefill_done or now) - self.t_start,
+            decode_s=max(0.0, now - (self.t_first or now)),
+            n_ctx_used=len(self.slot.tokens), n_ctx=n_ctx)
