@@ -57,7 +57,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,62 +188,12 @@ class Server:
 
 
 # ------------------------------------------------------------------------------------------------ client
-@dataclass
-class Result:
-    ok: bool = True
-    error: str = ""
-    t_sent: float = 0.0
-    t_first: float = 0.0
-    t_end: float = 0.0
-    tokens: int = 0  # content chunks received (one per token on both servers)
-    usage_completion: int | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    times: list[float] = field(default_factory=list)
+# one streaming request, every content chunk timed: localrun bench's own HTTP client (RequestResult:
+# ttft_s, token_times, completion_tokens from usage, cached_tokens)
+def stream_one(client, url: str, body: dict, chat: bool):
+    from localrun.bench.clients import stream_completion
 
-    @property
-    def ttft(self) -> float:
-        return self.t_first - self.t_sent
-
-
-async def stream_one(client, url: str, body: dict, chat: bool) -> Result:
-    """POST a streaming request; time every content chunk. Never raises: failures are ``ok=False``."""
-    res = Result(t_sent=time.perf_counter())
-    try:
-        async with client.stream("POST", url, json=body) as r:
-            if r.status_code != 200:
-                res.ok, res.error = False, f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    continue
-                if obj.get("error"):
-                    res.ok, res.error = False, str(obj["error"])[:200]
-                if obj.get("usage"):
-                    u = obj["usage"]
-                    res.usage_completion, res.prompt_tokens = u.get("completion_tokens"), u.get("prompt_tokens")
-                    res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
-                for ch in obj.get("choices") or []:
-                    piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
-                    if piece:
-                        now = time.perf_counter()
-                        if not res.times:
-                            res.t_first = now
-                        res.times.append(now)
-    except Exception as e:  # timeout, reset: this request failed, the bench goes on
-        res.ok, res.error = False, f"{type(e).__name__}: {e}"
-    res.t_end = time.perf_counter()
-    res.tokens = len(res.times)
-    if not res.times:
-        res.t_first = res.t_end
-    return res
+    return stream_completion(client, url, body, chat=chat)
 
 
 def completion_prompts(n: int, words: int, seed: int) -> list[str]:
@@ -261,7 +210,7 @@ async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
     body = lambda p: {"model": srv.model_id, "prompt": p, "max_tokens": args.max_tokens,  # noqa: E731
                       "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     todo = iter(prompts)
-    results: list[Result] = []
+    results = []
     timeout = httpx.Timeout(args.level_timeout, connect=10.0)
     limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
     cpu = CpuWindow(srv.proc.pid)
@@ -279,15 +228,15 @@ async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
         wall = time.perf_counter() - t0
     load = cpu.stop()
     ok = [r for r in results if r.ok]
-    toks = sum(r.tokens for r in ok)
-    itl = [b - a for r in ok for a, b in zip(r.times, r.times[1:])]
+    toks = sum(len(r.token_times) for r in ok)  # content chunks: one per token on all three servers
+    itl = [b - a for r in ok for a, b in zip(r.token_times, r.token_times[1:])]
     return {"level": level, "requests": n_requests, "ok": len(ok), "failed": len(results) - len(ok),
             "unfinished": n_requests - len(results), "errors": sorted({r.error for r in results if not r.ok})[:3],
             "wall_s": wall, "tokens": toks, "tok_s": toks / wall if wall > 0 else 0.0,
             "tokens_per_req": toks / len(ok) if ok else 0.0,
-            "usage_tokens": sum(r.usage_completion or 0 for r in ok) if any(r.usage_completion for r in ok) else None,
-            "ttft_p50_s": statistics.median(r.ttft for r in ok) if ok else None,
-            "ttft_max_s": max(r.ttft for r in ok) if ok else None,
+            "usage_tokens": sum(r.completion_tokens for r in ok),
+            "ttft_p50_s": statistics.median(r.ttft_s for r in ok) if ok else None,
+            "ttft_max_s": max(r.ttft_s for r in ok) if ok else None,
             "itl_p50_s": statistics.median(itl) if itl else None, **load}
 
 
@@ -313,9 +262,9 @@ async def run_prefix(srv: Server, args) -> list[dict]:
                 pair.append(await stream_one(client, srv.base + "/v1/chat/completions", body, chat=True))
             a, b = pair
             out.append({"trial": trial, "ok": a.ok and b.ok, "errors": [r.error for r in pair if not r.ok],
-                        "prompt_tokens": a.prompt_tokens, "ttft_first_s": a.ttft, "ttft_second_s": b.ttft,
-                        "cached_second": b.cached_tokens,
-                        "ratio": b.ttft / a.ttft if a.ok and b.ok and a.ttft > 0 else None})
+                        "prompt_tokens": a.prompt_tokens or None, "ttft_first_s": a.ttft_s,
+                        "ttft_second_s": b.ttft_s, "cached_second": b.cached_tokens,
+                        "ratio": b.ttft_s / a.ttft_s if a.ok and b.ok and a.ttft_s > 0 else None})
     return out
 
 

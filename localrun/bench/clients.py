@@ -262,55 +262,9 @@ class HttpClient:
     async def _one(self, client, req: Request, max_tokens: int, ignore_eos: bool,
                    t_arrival: float | None = None) -> RequestResult:
         url = f"{self.base}/{'chat/completions' if self.endpoint == 'chat' else 'completions'}"
-        res = RequestResult(index=req.index)
-        res.t_start = time.perf_counter()
-        res.t_arrival = t_arrival if t_arrival is not None else res.t_start
-        usage = None
-        try:
-            async with client.stream("POST", url, json=self._body(req, max_tokens, ignore_eos),
-                                     headers=self.headers) as r:
-                if r.status_code != 200:
-                    text = (await r.aread()).decode(errors="replace")
-                    res.ok, res.error = False, f"HTTP {r.status_code}: {text[:300]}"
-                    res.t_end = time.perf_counter()
-                    return res
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    now = time.perf_counter()
-                    try:
-                        obj = json.loads(data)
-                    except ValueError:
-                        continue
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                    for ch in obj.get("choices") or []:
-                        piece = ch.get("text") if self.endpoint == "completions" else (ch.get("delta") or {}).get("content")
-                        if piece:
-                            if not res.token_times:
-                                res.t_first = now
-                            res.token_times.append(now)
-                        if ch.get("finish_reason"):
-                            res.finish_reason = ch["finish_reason"]
-        except Exception as e:  # connection reset, timeout: the request failed, the bench goes on
-            res.ok, res.error = False, f"{e.__class__.__name__}: {e}"
-            res.t_end = time.perf_counter()
-            return res
-        res.t_end = time.perf_counter()
-        if not res.token_times:
-            res.t_first = res.t_end
-        if usage:
-            res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            res.completion_tokens = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            if details.get("cached_tokens") is not None:
-                res.cached_tokens = int(details["cached_tokens"])
-        else:
-            res.completion_tokens = len(res.token_times)
-        return res
+        return await stream_completion(client, url, self._body(req, max_tokens, ignore_eos),
+                                       chat=self.endpoint == "chat", headers=self.headers, index=req.index,
+                                       t_arrival=t_arrival)
 
     def run_level(self, requests: Iterable[Request], concurrency: int, w: Workload,
                   on_result: OnResult | None = None) -> tuple[list[RequestResult], float, float]:
@@ -354,3 +308,61 @@ class HttpClient:
                     tasks.append(asyncio.create_task(run(req)))
             await asyncio.gather(*tasks)
         return sorted(results, key=lambda r: r.index), t0, time.perf_counter()
+
+
+async def stream_completion(client, url: str, body: dict, *, chat: bool, headers: dict | None = None,
+                            index: int = -1, t_arrival: float | None = None) -> RequestResult:
+    """POST one streaming OpenAI request (``/chat/completions`` when ``chat``, else ``/completions``) with
+    the ``httpx.AsyncClient`` ``client`` and time every content chunk (``token_times``, seconds of
+    ``time.perf_counter``). ``completion_tokens`` is the server's ``usage`` when it sends one, else the
+    chunk count. Never raises: an HTTP error, a reset or a timeout is ``ok=False`` with ``error`` set."""
+    res = RequestResult(index=index)
+    res.t_start = time.perf_counter()
+    res.t_arrival = t_arrival if t_arrival is not None else res.t_start
+    usage = None
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                res.ok, res.error = False, f"HTTP {r.status_code}: {text[:300]}"
+                res.t_end = time.perf_counter()
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    continue
+                if obj.get("error"):  # an error event mid-stream (both localrun and llama-server send one)
+                    res.ok, res.error = False, str(obj["error"])[:300]
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                for ch in obj.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+                    if piece:
+                        if not res.token_times:
+                            res.t_first = now
+                        res.token_times.append(now)
+                    if ch.get("finish_reason"):
+                        res.finish_reason = ch["finish_reason"]
+    except Exception as e:  # connection reset, timeout: the request failed, the bench goes on
+        res.ok, res.error = False, f"{e.__class__.__name__}: {e}"
+        res.t_end = time.perf_counter()
+        return res
+    res.t_end = time.perf_counter()
+    if not res.token_times:
+        res.t_first = res.t_end
+    if usage:
+        res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        res.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            res.cached_tokens = int(details["cached_tokens"])
+    else:
+        res.completion_tokens = len(res.token_times)
+    return res
