@@ -68,3 +68,22 @@ def drive_chat_session(child, *, expect_cached: bool = False) -> None:
 
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+
+
+def stream_and_full(client, msgs: list[dict], max_tokens: int):
+    """The same greedy chat request sent plain and streamed (with usage) through the openai client; asserts
+    the streamed text, finish reason and completion tokens equal the plain ones. → (plain, streamed usage)."""
+    full = client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=max_tokens)
+    assert full.choices[0].message.content and full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
+    parts, usage, finish = [], None, None
+    for ch in client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=max_tokens,
+                                             stream=True, stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            parts.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(parts) == full.choices[0].message.content
+    assert finish == full.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+    return full, usage

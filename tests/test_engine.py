@@ -205,27 +205,38 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
     assert texts["plain"] == texts["repack"] and len(texts["plain"].split()) >= 3
 
 
-def test_prefill_takes_waiting_prompts_in_turn(smollm_path):
-    """A short prompt that arrives while a long one is being prefilled gets its first token after one
-    chunk of the long prompt, not after all of it; each prompt's output is still its solo output."""
+def _two_slot_engine(smollm_path, n_batch: int):
     from localrun.backends import load_engine
     from localrun.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     plan = simple_plan(read_gguf(smollm_path), n_ctx=2048)
-    plan.n_parallel, plan.n_batch, plan.n_ubatch = 2, 128, 128
-    eng = load_engine(smollm_path, plan)
+    plan.n_parallel, plan.n_batch, plan.n_ubatch = 2, n_batch, n_batch
+    return load_engine(smollm_path, plan)
+
+
+def _solo(eng, toks, p) -> list[int]:
+    """Generated tokens of ``toks`` run alone on slot 0 (its KV freed afterwards)."""
+    g = eng.start(toks, p, slot=eng.slots[0])
+    _run_to_end(eng, [g])
+    eng.release(g, keep_kv=False)
+    return list(g.generated)
+
+
+def _run_to_end(eng, gens) -> None:
+    while not all(g.done for g in gens):
+        eng.step([g for g in gens if not g.done])
+
+
+def test_prefill_takes_waiting_prompts_in_turn(smollm_path):
+    """A short prompt that arrives while a long one is being prefilled gets its first token after one
+    chunk of the long prompt, not after all of it; each prompt's output is still its solo output."""
+    eng = _two_slot_engine(smollm_path, n_batch=128)
     try:
-        long_p = eng.tokenize("The river flows through the old town. " * 60)[:700]  # 6 chunks of 128
+        long_p = eng.tokenize("The river flows through the old town. " * 60)  # ≈ 480 tokens: 4 chunks
         short_p = eng.tokenize("The capital of France is")
         p = SamplingParams(temperature=0, max_tokens=8)
-        solo = {}
-        for name, toks in (("long", long_p), ("short", short_p)):
-            g = eng.start(toks, p, slot=eng.slots[0])
-            while not g.done:
-                eng.step([g])
-            solo[name] = list(g.generated)
-            eng.release(g, keep_kv=False)
+        solo = {name: _solo(eng, toks, p) for name, toks in (("long", long_p), ("short", short_p))}
         long_g = eng.start(long_p, p, slot=eng.slots[0])
         eng.step([long_g])  # the first chunk of the long prompt
         short_g = eng.start(short_p, p, slot=eng.slots[1])
@@ -234,8 +245,7 @@ def test_prefill_takes_waiting_prompts_in_turn(smollm_path):
             eng.step(gens)
             steps += 1
         assert long_g.prefilling and long_g.n_prompt_done == 128 and steps == 1  # the new prompt went first
-        while not all(g.done for g in gens):
-            eng.step([g for g in gens if not g.done])
+        _run_to_end(eng, gens)
         assert long_g.generated == solo["long"] and short_g.generated == solo["short"]
     finally:
         eng.close()
@@ -244,25 +254,13 @@ def test_prefill_takes_waiting_prompts_in_turn(smollm_path):
 def test_prompt_chunks_shrink_while_others_decode(smollm_path):
     """On the CPU a long prompt is prefilled 128 tokens at a time while another sequence decodes (its
     stall per chunk stays short), with no remainder under 32 tokens; both outputs equal their solo ones."""
-    from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
-    from localrun.offload.plan import simple_plan
-
-    plan = simple_plan(read_gguf(smollm_path), n_ctx=2048)
-    plan.n_parallel, plan.n_batch, plan.n_ubatch = 2, 512, 512
-    eng = load_engine(smollm_path, plan)
+    eng = _two_slot_engine(smollm_path, n_batch=512)
     try:
         assert eng.prefill_chunk_decoding == 128
         long_p = eng.tokenize("The river flows through the old town. " * 80)[:660]
         short_p = eng.tokenize("Once upon a time")
         p = SamplingParams(temperature=0, max_tokens=24, logit_bias={2: -100.0})
-        solo = {}
-        for name, toks in (("long", long_p), ("short", short_p)):
-            g = eng.start(toks, p, slot=eng.slots[0])
-            while not g.done:
-                eng.step([g])
-            solo[name] = list(g.generated)
-            eng.release(g, keep_kv=False)
+        solo = {name: _solo(eng, toks, p) for name, toks in (("long", long_p), ("short", short_p))}
         short_g = eng.start(short_p, p, slot=eng.slots[1])
         eng.step([short_g])  # its prefill; it decodes from now on
         long_g = eng.start(long_p, p, slot=eng.slots[0])
@@ -274,8 +272,7 @@ def test_prompt_chunks_shrink_while_others_decode(smollm_path):
                 done = long_g.n_prompt_done
         assert sum(chunks) == len(long_p) > 512 and all(c == 128 for c in chunks[:-1]), chunks
         assert 32 <= chunks[-1] < 128 + 32, chunks  # the tail is never a sliver
-        while not all(g.done for g in gens):
-            eng.step([g for g in gens if not g.done])
+        _run_to_end(eng, gens)
         assert long_g.generated == solo["long"] and short_g.generated == solo["short"]
     finally:
         eng.close()

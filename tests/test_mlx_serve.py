@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from helpers import ServerThread, drive_chat_session
+from helpers import ServerThread, drive_chat_session, stream_and_full
 
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
@@ -119,20 +119,8 @@ def test_engine_is_served_one_at_a_time(mlx_server, http):
 
 def test_paris_and_streaming_equals_non_streaming(client):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
-    full = client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=16)
-    text = full.choices[0].message.content
-    assert "Paris" in text and full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
-    parts, usage, finish = [], None, None
-    for ch in client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=16, stream=True,
-                                             stream_options={"include_usage": True}):
-        if ch.usage:
-            usage = ch.usage
-        for c in ch.choices:
-            parts.append(c.delta.content or "")
-            finish = c.finish_reason or finish
-    assert "".join(parts) == text
-    assert finish == full.choices[0].finish_reason
-    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+    full, usage = stream_and_full(client, msgs, 16)
+    assert "Paris" in full.choices[0].message.content
     # the second run of the same prompt reused the first's KV (MLX's own prompt cache)
     assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from helpers import ServerThread
+from helpers import ServerThread, stream_and_full
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -67,20 +67,7 @@ def chat(client, content: str, **kw) -> str:
 def test_streaming_equals_non_streaming(client):
     msgs = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colors."}]}]
-    full = client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=24)
-    text = full.choices[0].message.content
-    assert text and full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
-    parts, usage, finish = [], None, None
-    for ch in client.chat.completions.create(model="x", messages=msgs, temperature=0, max_tokens=24, stream=True,
-                                             stream_options={"include_usage": True}):
-        if ch.usage:
-            usage = ch.usage
-        for c in ch.choices:
-            parts.append(c.delta.content or "")
-            finish = c.finish_reason or finish
-    assert "".join(parts) == text
-    assert finish == full.choices[0].finish_reason
-    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+    stream_and_full(client, msgs, 24)
 
 
 def test_concurrent_greedy_requests_match_solo(client, http):
