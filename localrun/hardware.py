@@ -72,10 +72,6 @@ class HardwareProfile:
     def is_apple_silicon(self) -> bool:
         return any(g.unified and g.vendor == "apple" for g in self.gpus)
 
-    @property
-    def vram_total_bytes(self) -> int:
-        return sum(g.total_bytes for g in self.gpus if not g.unified)
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence, runtime_checkable
 
-ROLES = ("system", "user", "assistant", "tool")
-
 
 @dataclass
 class Message:

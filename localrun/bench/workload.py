@@ -13,7 +13,7 @@ request as soon as the previous one finishes) or *Poisson* (``rate_rps``: expone
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from localrun.errors import ConfigError
 
@@ -180,6 +180,3 @@ def poisson_arrivals(n: int, rate_rps: float, rng: random.Random) -> list[float]
         t += rng.expovariate(rate_rps)
     return out
 
-
-def with_levels(w: Workload, levels: list[int]) -> Workload:
-    return replace(w, concurrency=list(levels))

@@ -272,8 +272,3 @@ def model_host_overhead_bytes(spec: ModelSpec) -> int:
     """Anonymous memory a loaded model keeps besides weights (vocab tables), empirical (see constants)."""
     return MODEL_HOST_BASE_BYTES + MODEL_HOST_BYTES_PER_TOKEN * spec.vocab_size
 
-
-def kv_bytes_per_token(spec: ModelSpec, kv_type: str = "f16") -> int:
-    """KV bytes one more token of context costs in the full-attention layers (for `fit` messages)."""
-    c = kv_cache(spec, 256, kv_type=kv_type, swa_full=True)
-    return c.bytes // 256

@@ -89,7 +89,6 @@ def simple_plan(spec, hardware=None, *, n_ctx: int | None = None, n_gpu_layers: 
 # evaluation of one configuration
 # ------------------------------------------------------------------------------------------------
 
-OS_RESERVE_BYTES = 1 << 30  # RAM a preset machine keeps for the OS and other programs
 VRAM_MARGIN = 0.05  # of usable VRAM, for fragmentation and what the estimate cannot see
 
 

@@ -28,9 +28,8 @@ GPU_TABLE: dict[str, tuple[float, float]] = {
     "apple m4": (120, 4.3), "apple m4 pro": (273, 9.2), "apple m4 max": (546, 18.4),
 }
 GPU_DEFAULT = (400.0, 40.0)
-# host memory and links, GB/s
+# host memory, GB/s
 MEMORY_TABLE = {"ddr4": 51.2, "ddr5": 89.6, "lpddr5": 100.0}  # dual channel, peak
-LINK_TABLE = {"pcie3": 15.8, "pcie4": 31.5, "pcie5": 63.0}  # x16
 DISK_TABLE = {"nvme": 3.5, "nvme4": 7.0, "nvme5": 12.0, "ssd": 0.55, "hdd": 0.15, "unknown": 0.55}
 EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35, "compute_cpu": 0.5}
 CPU_GBPS_PER_CORE = 6.0  # one core's streaming read rate: few cores cannot saturate DRAM
