@@ -114,13 +114,15 @@ class ContextOverflowError(LocalrunError):
 
     exit_code = 6
 
-    def __init__(self, n_prompt_tokens: int, n_ctx: int, *, hint: str | None = None) -> None:
+    def __init__(self, n_prompt_tokens: int, n_ctx: int, *, hint: str | None = None,
+                 param: str = "messages") -> None:
         super().__init__(
             f"prompt is {n_prompt_tokens} tokens, the context window is {n_ctx} tokens",
             hint=hint or "shorten the prompt, clear the history (/clear), or raise --ctx",
         )
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+        self.param = param  # the request field that is too long (the server's error object names it)
 
 
 class BackendUnavailableError(LocalrunError):

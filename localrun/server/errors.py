@@ -64,7 +64,7 @@ def error_info(exc: LocalrunError) -> tuple[int, dict]:
                 status, etype, code = st, et, cd
                 break
         if isinstance(exc, ContextOverflowError):
-            param = getattr(exc, "param", None) or "messages"
+            param = exc.param
     msg = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
     return status, error_body(msg, etype=etype, param=param, code=code)
 

@@ -133,11 +133,9 @@ class ServerState:
         """ContextOverflowError (OpenAI's ``context_length_exceeded`` on ``param``) when ``tokens`` leave
         no room to generate in one sequence's context."""
         if len(tokens) >= self.engine.n_ctx:
-            err = ContextOverflowError(len(tokens), self.engine.n_ctx,
+            raise ContextOverflowError(len(tokens), self.engine.n_ctx, param=param,
                                        hint="shorten the prompt; the server's context per sequence is fixed "
                                        "at start (--ctx)")
-            err.param = param
-            raise err
 
     def check_params(self, p: SamplingParams) -> None:
         bad = [t for t in p.logit_bias if not 0 <= t < self.engine.n_vocab]
