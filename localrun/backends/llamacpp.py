@@ -127,6 +127,7 @@ class LlamaCppEngine:
         self.prefill_chunk_decoding = self.n_batch if plan.n_gpu_layers != 0 else min(self.n_batch, 128)
         self._batch = C.llama_batch_init(self.n_batch + n_par, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
+        self._eog: tuple[int, ...] | None = None
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos_text = self.spec.token_text(self.spec.bos_token_id) or ""
         self.eos_text = self.spec.token_text(self.spec.eos_token_id) or ""
@@ -187,7 +188,9 @@ class LlamaCppEngine:
         """llama.cpp sampler chain for ``p`` (see ``llamacpp_sampling.make_sampler``)."""
         from localrun.backends.llamacpp_sampling import make_sampler
 
-        return make_sampler(self.C, self.vocab, self.n_vocab, p)
+        if p.ignore_eos and self._eog is None:  # the end-of-generation ids, once per model
+            self._eog = tuple(t for t in range(self.n_vocab) if self.C.llama_vocab_is_eog(self.vocab, t))
+        return make_sampler(self.C, self.vocab, self.n_vocab, p, self._eog if p.ignore_eos else ())
 
     # ------------------------------------------------------------------ sequences
     def acquire_slot(self, prompt: Sequence[int]) -> Slot | None:

@@ -6,20 +6,7 @@ from localrun.backends.base import SamplingParams
 from localrun.errors import LocalrunError
 
 
-_EOG: dict[int, tuple[int, ...]] = {}
-
-
-def eog_tokens(C, vocab, n_vocab: int) -> tuple[int, ...]:
-    """The vocabulary's end-of-generation token ids (``llama_vocab_is_eog``), computed once per vocab."""
-    import ctypes
-
-    key = ctypes.cast(vocab, ctypes.c_void_p).value or 0
-    if key not in _EOG:
-        _EOG[key] = tuple(t for t in range(n_vocab) if C.llama_vocab_is_eog(vocab, t))
-    return _EOG[key]
-
-
-def make_sampler(C, vocab, n_vocab: int, p: SamplingParams):
+def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...] = ()):
     """A ``llama_sampler`` chain for ``p``; the caller frees it with ``llama_sampler_free``.
 
     Order as llama.cpp's common/sampling.cpp: logit bias, penalties, grammar, then greedy when
@@ -33,7 +20,7 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams):
 
     bias: dict[int, float] = dict(p.logit_bias)
     if p.ignore_eos:  # as llama-server: -inf on every end-of-generation token (common/sampling.cpp)
-        bias.update((t, float("-inf")) for t in eog_tokens(C, vocab, n_vocab))
+        bias.update((t, float("-inf")) for t in eog)
     if bias:
         n = len(bias)
         arr = (C.llama_logit_bias * n)()
