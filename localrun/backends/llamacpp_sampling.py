@@ -10,8 +10,9 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
     """A ``llama_sampler`` chain for ``p``; the caller frees it with ``llama_sampler_free``.
 
     Order as llama.cpp's common/sampling.cpp: logit bias, penalties, grammar, then greedy when
-    ``temperature <= 0``, else top-k, top-p, min-p, temperature, dist(seed). Raises LocalrunError for a
-    grammar that does not parse.
+    ``temperature <= 0``, else top-k, top-p, min-p, temperature, dist(seed). ``eog``: the vocabulary's
+    end-of-generation token ids, banned when ``p.ignore_eos``. Raises LocalrunError for a grammar that
+    does not parse.
     """
     chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
 
