@@ -115,24 +115,8 @@ class HardwareProfile:
         return t
 
 
-def fmt_bytes(n: float) -> str:
-    """Human size with binary units: 1536 → '1.5 KiB'."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def parse_bytes(text: str) -> int:
-    """'24GiB', '24G', '16 GB', '512MiB', '1024' (bytes) → bytes. GB/G are read as GiB, as people mean them
-    for RAM and VRAM. Raises ValueError with the accepted forms."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
-    if not m:
-        raise ValueError(f"cannot read {text!r} as a size; use e.g. 24GiB, 16GB, 512MiB")
-    num, unit = float(m.group(1)), m.group(2)
-    return int(num * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit])
+# byte formatting and parsing live in localrun.units; re-exported for existing importers
+from localrun.units import fmt_bytes, parse_bytes  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
     """The HardwareProfile to plan for: a preset, else the detected machine, with --vram/--ram/--gpu/--disk
     applied on top. Raises ConfigError for a bad size or disk kind."""
     from localrun.errors import ConfigError
-    from localrun.hardware import DiskInfo, GpuInfo, apple_working_set_bytes, parse_bytes, probe_hardware
+    from localrun.hardware import DiskInfo, GpuInfo, apple_working_set_bytes, probe_hardware
+    from localrun.units import parse_bytes
 
     if preset:
         from localrun.presets import get_preset
@@ -45,11 +46,8 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
         hw = get_preset(preset)
     else:
         hw = probe_hardware()
-    try:
-        ram_b = parse_bytes(ram) if ram else None
-        vram_b = parse_bytes(vram) if vram else None
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    ram_b = parse_bytes(ram, flag="--ram") if ram else None
+    vram_b = parse_bytes(vram, flag="--vram") if vram else None
     if ram_b:
         hw.ram_total_bytes, hw.ram_available_bytes = ram_b, max(ram_b - (2 << 30), ram_b * 3 // 4)
         hw.label = (hw.label or "this machine") + f", RAM {ram}"
