@@ -46,22 +46,17 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Exits with the command's status: ``typer.Exit(code)`` (which click
+    returns rather than raises when ``standalone_mode=False``), a ``LocalrunError``'s ``exit_code``, 2 for
+    a usage error, 130 for Ctrl-C."""
     from localrun.errors import LocalrunError
 
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except LocalrunError as e:
         if os.environ.get("LOCALRUN_DEBUG"):
             raise
-        from rich.console import Console
-
-        from rich.markup import escape
-
-        err = Console(stderr=True)
-        err.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
-        if e.hint:
-            err.print(f"[yellow]hint:[/] {escape(e.hint)}", highlight=False)
+        print_error(e)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -74,6 +69,21 @@ def main(argv: list[str] | None = None) -> None:
             e.show()
             sys.exit(2)
         raise
+    if isinstance(rc, int) and not isinstance(rc, bool) and rc:
+        sys.exit(rc)
+
+
+def print_error(e) -> None:
+    """``error: MESSAGE`` and ``hint: HINT`` on stderr. Off a terminal each is one line, never wrapped at
+    80 columns (a path stays whole for grep and log files); on a terminal Rich wraps at its width."""
+    from rich.markup import escape
+
+    from localrun.render import stderr
+
+    err = stderr()
+    err.print(f"[bold red]error:[/] {escape(e.message)}")
+    if e.hint:
+        err.print(f"[yellow]hint:[/] {escape(e.hint)}")
 
 
 def _is_usage_error(e: Exception) -> bool:

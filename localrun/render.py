@@ -1,21 +1,44 @@
-"""Small rendering helpers shared by the commands (Rich consoles, JSON)."""
+"""Small rendering helpers shared by the commands (Rich consoles, JSON).
+
+Off a terminal (a pipe, a log file, a test's captured output) Rich would hard-wrap every printed line at
+80 columns, cutting paths and hints in the middle of a name. These consoles soft-wrap instead: one
+logical line stays one line. Tables still lay out at the console's width (soft wrap would cut
+their cells short).
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
 
-def stdout():
+@functools.cache
+def _console_class():
     from rich.console import Console
+    from rich.text import Text
 
-    return Console(highlight=False)
+    class LineConsole(Console):
+        """A Console whose ``print`` of plain text soft-wraps when not writing to a terminal."""
+
+        def print(self, *objects, soft_wrap=None, **kwargs):
+            if soft_wrap is None and not self.is_terminal and all(isinstance(o, (str, Text)) for o in objects):
+                soft_wrap = True
+            super().print(*objects, soft_wrap=soft_wrap, **kwargs)
+
+    return LineConsole
+
+
+def _console(**kwargs):
+    return _console_class()(highlight=False, **kwargs)
+
+
+def stdout():
+    return _console()
 
 
 def stderr():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+    return _console(stderr=True)
 
 
 def print_json(data) -> None:
