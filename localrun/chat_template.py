@@ -8,37 +8,63 @@ as llama-cpp-python's ``Jinja2ChatFormatter`` and llama.cpp's ``common/chat.cpp`
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from localrun.errors import ChatTemplateError
 
-# A few well-known templates for GGUFs that lack one (``--chat-template NAME``).
+# A few well-known templates for GGUFs that lack one (``--chat-template NAME``). Each renders the same string
+# as the official template it stands for (tests/templates/ holds those texts; tests/test_templates.py compares
+# them); a role that the format cannot express raises ChatTemplateError instead of being dropped.
+_ROLE_ERROR = ('{{ raise_exception("the built-in %s template cannot express a " ~ %s ~ " message; use the '
+               'model\'s own template (--chat-template FILE)") }}')
+
 BUILTIN_TEMPLATES: dict[str, str] = {
+    # ChatML (SmolLM2, Qwen, Hermes): any role name is written as is
     "chatml": (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     ),
+    # Meta-Llama-3-8B-Instruct: BOS, a header per message (any role: Llama 3.1+ name tool results "ipython")
     "llama3": (
         "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
         "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
         "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
     ),
+    # Gemma 3 (-it): a first system message becomes the prefix of the first user turn; assistant → model
     "gemma": (
-        "{{ bos_token }}{% set sys = '' %}{% for m in messages %}{% if m['role'] == 'system' %}"
-        "{% set sys = m['content'] + '\n\n' %}{% else %}<start_of_turn>"
-        "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{% if loop.index0 == 1 %}{{ sys }}{% endif %}"
-        "{{ m['content'] | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
+        "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}"
+        "{% set prefix = messages[0]['content'] + '\n\n' %}{% set rest = messages[1:] %}"
+        "{% else %}{% set prefix = '' %}{% set rest = messages %}{% endif %}"
+        "{% for m in rest %}{% if m['role'] not in ('user', 'assistant') %}"
+        + _ROLE_ERROR % ("gemma", "(m['role'] if m['role'] != 'system' else 'system (after the first)')") +
+        "{% endif %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+        "{% if loop.first %}{{ prefix }}{% endif %}{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
     ),
+    # Mistral-7B-Instruct-v0.3 ([INST]): the system message goes before the last user message
     "mistral": (
-        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
-        "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+        "{% if messages and messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] %}"
+        "{% set rest = messages[1:] %}{% else %}{% set sys = none %}{% set rest = messages %}{% endif %}"
+        "{% set users = rest | selectattr('role', 'equalto', 'user') | list %}"
+        "{{ bos_token }}{% for m in rest %}{% if m['role'] == 'user' %}"
+        "{% if sys is not none and m is sameas users[-1] %}[INST] {{ sys }}\n\n{{ m['content'] }}[/INST]"
+        "{% else %}[INST] {{ m['content'] }}[/INST]{% endif %}"
+        "{% elif m['role'] == 'assistant' %} {{ m['content'] | trim }}{{ eos_token }}"
+        "{% else %}" + _ROLE_ERROR % ("mistral", "(m['role'] if m['role'] != 'system' else 'system (after the first)')")
+        + "{% endif %}{% endfor %}"
+        "{% if sys is not none and not users %}"
+        "{{ raise_exception('the built-in mistral template writes the system message into a user message; "
+        "add one') }}{% endif %}"
     ),
+    # Phi-3.5-mini-instruct: system/user/assistant; EOS closes a prompt without a generation prompt
     "phi3": (
-        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+        "{% for m in messages %}{% if m['role'] not in ('system', 'user', 'assistant') %}"
+        + _ROLE_ERROR % ("phi3", "m['role']") +
+        "{% endif %}{% if m['role'] != 'system' or m['content'] %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}"
     ),
 }
 
@@ -91,10 +117,41 @@ class ChatTemplate:
 
     def render(self, messages: Sequence, *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None) -> str:
-        """Messages (``Message`` or dicts with role/content) → prompt text."""
+        """Messages (``Message`` or dicts with role/content) → prompt text. Raises ChatTemplateError."""
+        return self._render([_as_dict(m) for m in messages], add_generation_prompt, tools)
+
+    def render_parts(self, messages: Sequence, *, add_generation_prompt: bool = True,
+                     tools: list[dict] | None = None) -> list[tuple[str, bool]]:
+        """The rendered prompt cut into ``(text, is_content)`` parts whose concatenation is ``render(...)``.
+
+        ``is_content`` marks the text of a message (content, tool-call arguments) as opposed to what the
+        template itself wrote (role markers, BOS, separators). Found by rendering once more with every
+        content replaced by a unique placeholder and matching the two renderings (see ``_splice``), so a
+        content that holds a marker's text (``<|im_end|>``) stays content. Raises ChatTemplateError, also
+        when a template rewrites message text beyond recognition (then no part can be trusted)."""
+        msgs = [_as_dict(m) for m in messages]
+        text = self._render(msgs, add_generation_prompt, tools)
+        nonce = secrets.token_hex(4)
+        contents: list[str] = []
+        marked = [_mark_message(m, nonce, contents) for m in msgs]
+        if not contents:
+            return [(text, False)]
+        try:
+            skeleton = self._render(marked, add_generation_prompt, tools)
+        except ChatTemplateError:
+            skeleton = None
+        parts = _splice(text, skeleton, nonce, contents) if skeleton is not None else None
+        if parts is None:
+            raise ChatTemplateError(
+                "the chat template rewrites message text in a way that cannot be told apart from its own "
+                "markers, so the prompt cannot be tokenised safely",
+                hint="use another template (--chat-template chatml|llama3|gemma|mistral|phi3|FILE), or, for "
+                "trusted clients only, --parse-special-in-content")
+        return parts
+
+    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
         import jinja2
 
-        msgs = [m.to_dict() if hasattr(m, "to_dict") else dict(m) for m in messages]
         try:
             return self._tpl.render(messages=msgs, add_generation_prompt=add_generation_prompt,
                                     bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None)
@@ -116,6 +173,119 @@ def render_chat(template: "ChatTemplate | None", model_path: str, messages: Sequ
             "not an instruction-tuned one)",
             hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
     return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+
+def chat_prompt_tokens(template: "ChatTemplate | None", model_path: str, messages: Sequence,
+                       tokenize: Callable[..., list[int]], *, add_generation_prompt: bool = True,
+                       tools: list[dict] | None = None, parse_special_in_content: bool = False
+                       ) -> tuple[str, list[int]]:
+    """Render ``messages`` and tokenise the prompt → (prompt text, token ids). Shared by the backends.
+
+    Only the template's own text is tokenised with special-token parsing (``<|im_start|>`` → its control
+    token); every message's text is tokenised as plain text (``parse_special=False``), so a user cannot
+    close their turn by typing ``<|im_end|>``. ``tokenize(text, add_special=, parse_special=)`` is the
+    engine's; BOS is added (when the model wants it) to the first part only.
+    ``parse_special_in_content=True`` restores the unsafe behaviour (one pass with parsing on) for trusted
+    clients that send control tokens on purpose (``serve --parse-special-in-content``).
+    Raises ChatTemplateError (no template; a template that rejects the messages)."""
+    if template is None or parse_special_in_content:
+        text = render_chat(template, model_path, messages, add_generation_prompt=add_generation_prompt,
+                           tools=tools)
+        return text, tokenize(text, add_special=True, parse_special=True)
+    parts = template.render_parts(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    ids: list[int] = []
+    first = True
+    for text, is_content in parts:
+        if text:
+            ids += tokenize(text, add_special=first, parse_special=not is_content)
+            first = False
+    if first:  # an empty prompt: let the tokenizer add BOS
+        ids = tokenize("", add_special=True, parse_special=False)
+    return "".join(t for t, _ in parts), ids
+
+
+def _as_dict(m) -> dict:
+    return m.to_dict() if hasattr(m, "to_dict") else dict(m)
+
+
+def _placeholder(nonce: str, i: int) -> str:
+    # private-use code points: no template strips, escapes or splits them, and no marker contains them
+    return f"\ue000{nonce}:{i}\ue001"
+
+
+def _mark_message(m: dict, nonce: str, contents: list[str]) -> dict:
+    """A copy of message ``m`` whose text fields (content, tool-call arguments) are placeholders; the
+    originals are appended to ``contents``. Empty strings stay (templates test them: ``if content``)."""
+    def mark(v):
+        if isinstance(v, str) and v:
+            contents.append(v)
+            return _placeholder(nonce, len(contents) - 1)
+        return v
+
+    out = dict(m)
+    out["content"] = mark(m.get("content"))
+    if m.get("tool_calls"):
+        calls = []
+        for tc in m["tool_calls"]:
+            tc = dict(tc) if isinstance(tc, dict) else tc
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                tc["function"] = {**fn, "arguments": mark(fn["arguments"])}
+            calls.append(tc)
+        out["tool_calls"] = calls
+    return out
+
+
+def _forms(c: str) -> list[str]:
+    """How a template may write content ``c``: as is, trimmed (``| trim``, ``.strip()``), JSON-escaped."""
+    forms = [c, c.strip(), c.rstrip(), c.lstrip(), json.dumps(c, ensure_ascii=False)[1:-1], json.dumps(c)[1:-1]]
+    return list(dict.fromkeys(forms))
+
+
+def _splice(text: str, skeleton: str, nonce: str, contents: list[str]) -> list[tuple[str, bool]] | None:
+    """Match ``text`` (real contents) against ``skeleton`` (placeholders) → parts, or None.
+
+    The skeleton is literal template text between placeholders. Each placeholder must stand for one of
+    its content's ``_forms`` followed by the next literal; where a template transforms content otherwise
+    (e.g. cuts a ``<think>`` block out of assistant history), the text up to a later occurrence of the
+    next literal is taken as content, trying the farthest occurrence first (a marker's text written
+    inside a content then stays content), with a bounded search."""
+    import re
+
+    pieces = re.split("\ue000" + nonce + r":(\d+)\ue001", skeleton)
+    lits, idx = pieces[0::2], [int(i) for i in pieces[1::2]]
+    if not text.startswith(lits[0]):
+        return None
+    budget = [4096]
+
+    def match(k: int, pos: int) -> list[tuple[str, bool]] | None:
+        if k == len(idx):
+            return [] if pos == len(text) else None
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        nxt, last = lits[k + 1], k + 1 == len(idx)
+        ends = []
+        for f in _forms(contents[idx[k]]):
+            e = pos + len(f)
+            if text.startswith(f, pos) and text.startswith(nxt, e) and (not last or e + len(nxt) == len(text)):
+                ends.append(e)
+        # a transformed content: any later occurrence of the next literal, farthest first
+        if last:
+            ends += [len(text) - len(nxt)] if text.endswith(nxt) and len(text) - len(nxt) >= pos else []
+        elif nxt:
+            e = text.rfind(nxt, pos)
+            while e >= pos:
+                ends.append(e)
+                e = text.rfind(nxt, pos, e + len(nxt) - 1)
+        for e in dict.fromkeys(ends):
+            rest = match(k + 1, e + len(nxt))
+            if rest is not None:
+                return [(text[pos:e], True), (nxt, False)] + rest
+        return None
+
+    tail = match(0, len(lits[0]))
+    return None if tail is None else [(lits[0], False)] + tail
 
 
 def _raise(message: str):
