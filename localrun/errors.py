@@ -6,6 +6,7 @@ is shown only with ``LOCALRUN_DEBUG=1``. The HTTP server maps them to 4xx/5xx by
 
     LocalrunError                      exit 1
     ├── ModelNotFoundError             exit 2   a path or name that resolves to nothing
+    │   └── AmbiguousModelError        exit 2   a folder (or name) that holds several models
     ├── ModelFormatError               exit 3   not a GGUF / corrupt header
     │   └── TruncatedModelError        exit 3   header fine, tensor data cut short
     ├── UnsupportedArchitectureError   exit 3   llama.cpp cannot run this architecture
@@ -15,6 +16,7 @@ is shown only with ``LOCALRUN_DEBUG=1``. The HTTP server maps them to 4xx/5xx by
     ├── BackendUnavailableError        exit 7   llama_cpp / mlx not importable or lacks a feature
     ├── BackendError                   exit 8   the backend failed at run time (decode error, …)
     ├── ConfigError                    exit 9   a bad flag value, env var or config file
+    │   └── SizeError                  exit 9   a size that cannot be read (--vram 24: no unit)
     └── DownloadError                  exit 10  pull failed (network, checksum, access, disk space)
 """
 
@@ -40,14 +42,25 @@ class ModelNotFoundError(LocalrunError):
 
     exit_code = 2
 
-    def __init__(self, model: str, *, hint: str | None = None) -> None:
+    def __init__(self, model: str, *, hint: str | None = None, message: str | None = None) -> None:
         super().__init__(
-            f"model not found: {model!r}",
+            message or f"model not found: {model!r}",
             hint=hint
             or "give a path to a .gguf file, a name from `localrun ls`/models.toml, or omit MODEL "
             "to use the embedded default (SmolLM2-135M-Instruct)",
         )
         self.model = model
+
+
+class AmbiguousModelError(ModelNotFoundError):
+    """MODEL is a folder holding several GGUF models; ``candidates`` are their paths."""
+
+    def __init__(self, model: str, candidates: list[str], *, hint: str | None = None) -> None:
+        shown = ", ".join(candidates[:8]) + (f", … ({len(candidates) - 8} more)" if len(candidates) > 8 else "")
+        LocalrunError.__init__(self, f"{model} holds {len(candidates)} models: {shown}",
+                               hint=hint or "give the path of one of them as MODEL")
+        self.model = model
+        self.candidates = candidates
 
 
 class ModelFormatError(LocalrunError):
@@ -135,6 +148,11 @@ class BackendError(LocalrunError):
 
 class ConfigError(LocalrunError):
     exit_code = 9
+
+
+class SizeError(ConfigError, ValueError):
+    """A byte size the user typed cannot be read (``--vram 24``: no unit). Also a ValueError, for callers
+    that catch that around ``localrun.units.parse_bytes``."""
 
 
 class DownloadError(LocalrunError):

@@ -73,7 +73,9 @@ class Repl:
     def run(self) -> None:
         s, plan = self.session, self.loaded.plan
         eng = s.engine
-        name = getattr(eng.spec, "name", eng.model_path) if getattr(eng, "spec", None) else eng.model_path
+        from localrun.store import display_name
+
+        name = display_name(eng.model_path)
         self.con.print(f"[bold]{name}[/] · {eng.backend} · n_ctx {eng.n_ctx} · "
                        f"{plan.n_gpu_layers} GPU layers" + (" · raw completion" if self.raw else ""), style="cyan")
         self.con.print("Type a message, /help for commands, Ctrl-D to leave.", style="dim")

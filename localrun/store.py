@@ -1,6 +1,7 @@
 """Where models live, and how a MODEL argument becomes a file.
 
-MODEL is, in order: an existing path (a .gguf file, or a directory for MLX), the embedded default
+MODEL is, in order: an existing path (a .gguf file; a folder holding one GGUF model, or an MLX model
+folder: ``resolve_folder``), the embedded default
 (no MODEL), a file in the model store (``<models_dir>/<name>.gguf`` or any ``*.gguf`` whose stem matches),
 or a ``models.toml`` catalog name whose file has been pulled.
 """
@@ -38,16 +39,18 @@ def default_model_path() -> Path:
 def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     """MODEL argument → path of a GGUF file (or an MLX model folder).
 
-    Order: an existing path; the embedded default; a pulled model by catalog name or ``name:QUANT``
+    Order: an existing path (a folder through ``resolve_folder``); the embedded default; a pulled model by catalog name or ``name:QUANT``
     (the most recent pull when several quants are there); any store file whose stem matches; a GGUF
     found read-only in the Hugging Face cache (``OWNER/REPO[:QUANT]``, or a catalog ``name[:QUANT]``
     whose source file is cached), Ollama (``model:tag``) or LM Studio (``PUBLISHER/REPO[:QUANT]``).
 
-    Raises ModelNotFoundError with the places looked at.
+    Raises ModelNotFoundError with the places looked at (AmbiguousModelError for a folder of several).
     """
     if model is None or model in ("", "default", DEFAULT_MODEL_NAME):
         return default_model_path()
     p = Path(model).expanduser()
+    if p.is_dir():
+        return resolve_folder(p)
     if p.exists():
         return p
     if models_dir is None:
@@ -65,7 +68,7 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
                 return cand
         cand = models_dir / model
         if cand.is_dir():
-            return cand
+            return resolve_folder(cand)
     hit = _match(scan_hf_cache() + scan_ollama() + scan_lmstudio(), model) or _catalog_in_hf_cache(model)
     if hit is not None:
         return Path(hit.path)
@@ -84,6 +87,62 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
             hint = ("not a file, a pulled model, or a catalog name: `localrun ls --catalog` lists the names "
                     "localrun knows, `localrun ls` what is on disk")
     raise ModelNotFoundError(model, hint=hint)
+
+
+def display_name(path: str | os.PathLike) -> str:
+    """The model's name as every command shows it (chat's banner, fit's title, bench's report, serve's
+    model id and so `ps`): the file name without ``.gguf`` and without a split suffix
+    (``SmolLM2-135M-Instruct.Q4_1``, ``Qwen3-8B-Q4_K_M``), an MLX folder's name, or for an Ollama blob
+    (``sha256-…``) its Ollama tag (``llama3.2:latest``). Never the GGUF's ``general.name``, which is often
+    a training-run label ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+    p = Path(path)
+    if p.is_dir():
+        return p.name
+    if p.name.startswith("sha256-"):
+        for m in scan_ollama([p.parent.parent]):
+            if Path(m.path) == p:
+                return m.name
+    return re.sub(r"-\d{5}-of-\d{5}$", "", p.name.removesuffix(".gguf"))
+
+
+def folder_ggufs(folder: Path) -> list[Path]:
+    """The GGUF models in ``folder``: its own ``*.gguf`` files, else those one level down (the store's
+    ``NAME/FILE`` layout). A split model (``-00001-of-0000N.gguf``) counts once, by its first part;
+    multimodal projectors (``mmproj``) and unfinished downloads are left out."""
+    for pattern in ("*.gguf", "*/*.gguf"):
+        found = sorted(f for f in folder.glob(pattern) if f.is_file() and _is_primary_gguf(f))
+        if found:
+            return found
+    return []
+
+
+def resolve_folder(folder: Path) -> Path:
+    """A folder given as MODEL → what to load, the same for every command.
+
+    An MLX model folder (config.json + *.safetensors) is returned as it is (only the MLX backend loads
+    it); a folder with exactly one GGUF model → that file (a split model's first part). Raises
+    AmbiguousModelError listing the files when there are several, ModelNotFoundError when there is none.
+    """
+    from localrun.backends.choice import is_mlx_folder
+    from localrun.errors import AmbiguousModelError
+
+    if is_mlx_folder(folder):
+        return folder
+    found = folder_ggufs(folder)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        names = [str(f.relative_to(folder)) for f in found]
+        raise AmbiguousModelError(str(folder), names,
+                                  hint=f"pick one by its path, e.g. {found[0]}")
+    partial = sorted(folder.glob("*.gguf.partial")) + sorted(folder.glob("*/*.gguf.partial"))
+    if partial:
+        hint = (f"{partial[0].name} is an unfinished download: run the same `localrun pull` again to "
+                "finish it")
+    else:
+        hint = ("a model folder holds a .gguf file (or, for MLX, config.json + *.safetensors); "
+                "give a .gguf path or a name from `localrun ls`")
+    raise ModelNotFoundError(str(folder), hint=hint, message=f"no model in the folder {folder}")
 
 
 # --- what is on disk ----------------------------------------------------------------------------

@@ -30,18 +30,18 @@ def parse_bytes(text: str, *, flag: str = "size") -> int:
     Accepts ``24GiB``, ``24GB``, ``24G``, ``24 GiB``, ``1.5T``, ``512MiB``, ``512M``, ``64KiB``, and a plain
     byte count of at least 1 MiB (``25769803776``). ``flag`` names the option in the error message.
 
-    Raises ConfigError (exit 9) with a hint for anything else, in particular a bare number below 1 MiB
-    (``--vram 24`` would be 24 bytes: the hint suggests ``24GiB``).
+    Raises SizeError (a ConfigError, exit 9, and a ValueError) with a hint for anything else, in
+    particular a bare number below 1 MiB (``--vram 24`` would be 24 bytes: the hint suggests ``24GiB``).
     """
-    from localrun.errors import ConfigError
+    from localrun.errors import SizeError
 
     m = _SIZE.fullmatch(text.upper())
     if not m:
-        raise ConfigError(f"{flag}: cannot read {text!r} as a size",
+        raise SizeError(f"{flag}: cannot read {text!r} as a size",
                           hint="give a number and a unit, e.g. 24GiB, 16GB, 512MiB")
     num, unit, suffix = float(m.group(1)), m.group(2), m.group(3)
     if not unit and not suffix and num < MIN_BARE_BYTES:
         guess = f"{m.group(1)}GiB"
-        raise ConfigError(f"{flag}: {text!r} has no unit, and as bytes it is too small to mean anything",
+        raise SizeError(f"{flag}: {text!r} has no unit, and as bytes it is too small to mean anything",
                           hint=f"did you mean {guess}? Sizes take a unit: GiB (or GB, G), MiB, TiB")
     return int(num * _UNITS[unit])

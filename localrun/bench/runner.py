@@ -69,12 +69,14 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
     else:
         from localrun.bench.clients import EngineClient
         from localrun.loading import load_model
+        from localrun.store import display_name
 
         loaded = load_model(opts.model, backend="llamacpp", n_ctx=max(opts.n_ctx or 0, needed_ctx(w)),
                             n_parallel=max(w.concurrency), n_threads=opts.n_threads)
         engine, plan, spec = loaded.engine, loaded.plan, loaded.spec
         client = EngineClient(engine)
-        target = {"path": engine.model_path, "model": spec.name, "backend": plan.backend, "endpoint": None}
+        target = {"path": engine.model_path, "model": display_name(engine.model_path), "backend": plan.backend,
+                  "endpoint": None}
         pid, mode = None, "in-process"
     try:
         if opts.warmup:

@@ -7,6 +7,21 @@ from typing import Optional
 import typer
 
 
+def _ctx_option(value: Optional[str]) -> Optional[int]:
+    """``-c/--ctx-size`` as in llama.cpp: tokens of context. ``bench -c 1,4,8`` (the concurrency, in
+    localrun's first releases) is refused with a pointer to ``--concurrency``."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 64:
+        raise typer.BadParameter(f"{value!r} is not a context size: -c/--ctx-size sets tokens of context (at "
+                                 f"least 64), as in llama.cpp. For concurrency levels use --concurrency {value}")
+    return n
+
+
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
@@ -17,18 +32,18 @@ def register(app: typer.Typer) -> None:
         endpoint: str = typer.Option("completions", "--endpoint", help="completions (raw prompt, exact length) or chat, with --url."),
         scenario_name: Optional[str] = typer.Option(None, "--scenario", help="chat | rag | agent (sets lengths and shared prefix; flags override)."),
         prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length, tokens (default 128)."),
-        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Output length, tokens (default 128)."),
-        concurrency: str = typer.Option("1", "--concurrency", "-c", help="Concurrency levels, e.g. 1,4,8,16."),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "--n-predict", "-n", help="Output length, tokens (default 128)."),
+        concurrency: str = typer.Option("1", "--concurrency", help="Concurrency levels, e.g. 1,4,8,16."),
         shared_prefix: Optional[float] = typer.Option(None, "--shared-prefix", help="Fraction 0..1 of each prompt shared by all requests."),
-        requests: Optional[int] = typer.Option(None, "--requests", "-n", help="Requests per level (default 4 × concurrency, at least 8)."),
+        requests: Optional[int] = typer.Option(None, "--requests", help="Requests per level (default 4 × concurrency, at least 8)."),
         duration: Optional[float] = typer.Option(None, "--duration", help="Seconds per level instead of a request count."),
         rate: Optional[float] = typer.Option(None, "--rate", help="Poisson arrivals at this many requests/s (default: closed loop)."),
         ignore_eos: bool = typer.Option(True, "--ignore-eos/--allow-eos", help="Generate exactly --max-tokens (EOS banned)."),
-        seed: int = typer.Option(0, "--seed", help="Seed for prompts and arrivals."),
+        seed: int = typer.Option(0, "--seed", "-s", help="Seed for prompts and arrivals."),
         slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="Goodput SLO on TTFT, seconds."),
         slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="Goodput SLO on TPOT, seconds."),
         price_kwh: Optional[float] = typer.Option(None, "--price-kwh", help="Electricity price per kWh, for cost per 1M output tokens."),
-        ctx: Optional[int] = typer.Option(None, "--ctx", help="Context per sequence, in-process (default: what the workload needs)."),
+        ctx: Optional[str] = typer.Option(None, "--ctx", "--ctx-size", "-c", callback=_ctx_option, metavar="TOKENS", help="Context per sequence, in-process (default: what the workload needs). Concurrency is --concurrency."),
         threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads, in-process (default: the plan's, physical cores)."),
         calibrate: bool = typer.Option(False, "--calibrate", help="Store this machine's measured bandwidth and compute for the planner (in-process)."),
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send one unmeasured request first."),

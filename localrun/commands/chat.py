@@ -24,20 +24,36 @@ Input:
 """
 
 
+def threads_option(value: Optional[str]) -> Optional[int]:
+    """``-t/--threads`` as in llama.cpp: a CPU thread count ≥ 1. ``chat -t 0`` / ``-t 0.7`` (the temperature, in
+    localrun's first releases) is refused with a pointer to ``--temp`` instead of running with 0 threads."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise typer.BadParameter(f"{value!r} is not a thread count: -t/--threads sets CPU threads, as in "
+                                 f"llama.cpp. For the sampling temperature use --temp {value}")
+    return n
+
+
 def register(app: typer.Typer) -> None:
     @app.command("chat")
     def chat(
         model: Optional[str] = typer.Argument(None, help="A .gguf path or model name (default: the embedded SmolLM2-135M-Instruct)."),
         prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Answer one prompt and exit."),
         system: Optional[str] = typer.Option(None, "--system", help="System prompt (default: 'You are a helpful assistant.'; '' for the model's own)."),
-        temperature: float = typer.Option(0.8, "--temperature", "-t", min=0.0, help="0 = greedy."),
+        temperature: float = typer.Option(0.8, "--temp", "--temperature", min=0.0, help="0 = greedy."),
         top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0),
         top_k: int = typer.Option(40, "--top-k", min=0),
         min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0),
         repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0),
-        seed: Optional[int] = typer.Option(None, "--seed"),
-        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", min=1, help="Cap on answer length, tokens."),
-        ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=16, help="Context window, tokens (default: the plan's)."),
+        seed: Optional[int] = typer.Option(None, "--seed", "-s"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "--n-predict", "-n", min=1, help="Cap on answer length, tokens."),
+        ctx: Optional[int] = typer.Option(None, "--ctx", "--ctx-size", "-c", min=16, help="Context window, tokens (default: the plan's)."),
+        threads: Optional[str] = typer.Option(None, "--threads", "-t", callback=threads_option, metavar="N", help="CPU threads (default: the plan's, physical cores). Temperature is --temp."),
         n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help="Layers on the GPU (default: the plan's; -1 = all)."),
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
         flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa", help="Flash attention (default: the plan's: on with a GPU, off on the CPU)."),
@@ -61,11 +77,12 @@ def register(app: typer.Typer) -> None:
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
-                                    kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force,
+                                    n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
+                                    chat_template=chat_template, force=force,
                                     status=lambda t: st.update(t))
         else:
-            loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type,
-                                flash_attn=flash_attn, chat_template=chat_template, force=force)
+            loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                                kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force)
         engine = loaded.engine
         try:
             if not raw and not engine.has_chat_template:

@@ -12,8 +12,8 @@ def register(app: typer.Typer) -> None:
     def fit(
         model: Optional[str] = typer.Argument(None, help="GGUF path, models.toml name (NAME or NAME:QUANT), "
                                               "or nothing for the embedded default."),
-        ctx: Optional[int] = typer.Option(None, "--ctx", help="Context per sequence, tokens."),
-        parallel: int = typer.Option(1, "--parallel", help="Sequences decoded together (serve)."),
+        ctx: Optional[int] = typer.Option(None, "--ctx", "--ctx-size", "-c", help="Context per sequence, tokens."),
+        parallel: int = typer.Option(1, "--parallel", "-np", help="Sequences decoded together (serve)."),
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
         flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention."),
         vram: Optional[str] = typer.Option(None, "--vram", help="Describe another machine: GPU memory, e.g. 24GiB."),
@@ -102,7 +102,9 @@ def candidates(model):
         for q in DEFAULT_LADDER:
             if q != spec.file_type:
                 out.append(Candidate(q, requantize(spec, q), "other quantization (not downloaded)"))
-        return spec.name, out
+        from localrun.store import display_name
+
+        return display_name(path), out
     if path is not None:
         raise ModelNotFoundError(str(path), hint="`localrun fit` plans GGUF files and models.toml names")
     want = model.split(":", 1)[1].upper() if ":" in model else None

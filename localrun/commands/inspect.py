@@ -17,11 +17,17 @@ def register(app: typer.Typer) -> None:
 
         Works on a file whose weights are truncated (reads only the header) and says so.
         """
+        from localrun.errors import ModelFormatError
         from localrun.gguf_info import read_gguf
         from localrun.render import print_json, stdout
-        from localrun.store import resolve_model
+        from localrun.store import display_name, resolve_model
 
-        spec = read_gguf(resolve_model(model))
+        path = resolve_model(model)
+        if path.is_dir():
+            raise ModelFormatError(str(path), "an MLX model folder; inspect reads GGUF headers",
+                                   hint=f"`localrun chat {path}` runs it with MLX; its facts are in "
+                                   f"{path / 'config.json'}")
+        spec = read_gguf(path)
         info = spec.summary()
         if json_out:
             print_json(info)
@@ -31,7 +37,7 @@ def register(app: typer.Typer) -> None:
         from localrun.hardware import fmt_bytes
 
         con = stdout()
-        t = Table(title=f"{spec.name} ({spec.path})", show_header=False)
+        t = Table(title=f"{display_name(path)} ({spec.path})", show_header=False)
         t.add_column(style="bold")
         t.add_column()
         rows = [

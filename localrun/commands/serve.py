@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         cors_origin: List[str] = typer.Option([], "--cors-origin", help="Allow browser requests from this origin (repeatable)."),
         parallel: int = typer.Option(4, "--parallel", "-np", min=1, max=256, help="Sequences decoded together (llama.cpp; MLX serves one at a time)."),
         backend: Optional[str] = typer.Option(None, "--backend", help="llamacpp or mlx (default: LOCALRUN_BACKEND, else llamacpp). MLX serves requests one at a time."),
-        ctx: Optional[int] = typer.Option(None, "--ctx", "-c", min=64, help="Context per sequence, tokens."),
+        ctx: Optional[int] = typer.Option(None, "--ctx", "--ctx-size", "-c", min=64, help="Context per sequence, tokens."),
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
         flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa", help="Flash attention (default: the plan's: on with a GPU, off on the CPU)."),
         max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for a slot (503 past it)."),
@@ -139,7 +139,10 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     engine, plan, hw = load_for_serving(model, settings, parallel=parallel, ctx=ctx, threads=threads,
                                         force=force, chat_template=chat_template, backend=backend,
                                         kv_type=kv_type, flash_attn=flash_attn)
-    options = ServeOptions(model_id=alias or "", api_key=settings.api_key, cors_origins=list(cors_origins),
+    from localrun.store import display_name
+
+    options = ServeOptions(model_id=alias or display_name(engine.model_path), api_key=settings.api_key,
+                           cors_origins=list(cors_origins),
                            log_prompts=log_prompts, max_queue=max_queue, plan=plan, hardware=hw)
     app = create_app(engine, settings, options)
     st = app.state.localrun
