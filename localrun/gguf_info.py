@@ -497,3 +497,20 @@ def read_gguf(path: str | os.PathLike) -> ModelSpec:
     arch = str(metadata.get("general.architecture", "unknown"))
     name = str(metadata.get("general.name") or p.stem)
     return ModelSpec(spath, file_bytes, version, arch, name, metadata, tensors, data_offset, lengths, offsets)
+
+
+def file_status(path: str | os.PathLike) -> dict[str, Any]:
+    """What a listing (`localrun ls`) says about one file, from its header only: ``{"quant": str | None,
+    "complete": bool, "expected_bytes": int | None, "problem": str | None}``. ``complete`` is False when the
+    tensor data is cut short (a partial download) or the header cannot be read; ``problem`` says which.
+    Never raises."""
+    try:
+        spec = read_gguf(path)
+    except (ModelFormatError, ModelNotFoundError, OSError) as e:
+        return {"quant": None, "complete": False, "expected_bytes": None, "problem": f"unreadable: {e}"}
+    problem = None
+    if spec.truncated:
+        problem = (f"incomplete: {spec.file_bytes / spec.expected_file_bytes:.0%} of "
+                   f"{spec.expected_file_bytes:,} bytes")
+    return {"quant": spec.file_type, "complete": not spec.truncated, "expected_bytes": spec.expected_file_bytes,
+            "problem": problem}

@@ -48,10 +48,15 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     backend, reason = choose_backend(path, spec, hw, backend)
     if spec is not None:
         gpu_ok = _gpu_offload_supported(backend)
+        from localrun.measurements import planner_measurement
+        from localrun.render import stderr
+
         plan = plan_for_run(spec, hw, n_ctx=n_ctx, n_parallel=n_parallel, kv_type=kv_type,
                             n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, backend=backend,
-                            gpu_offload_supported=gpu_ok)
+                            gpu_offload_supported=gpu_ok, measurement=planner_measurement(backend))
         check_fits(plan, force=force)
+        for w in plan.warnings:  # context beyond training, rounded context: said on stderr, every time
+            stderr().print(f"[yellow]warning:[/] {w}", highlight=False)
     else:  # an MLX model folder: no GGUF header to plan from
         plan = Plan(backend=backend, n_ctx=n_ctx or 4096, n_parallel=n_parallel, model=Path(path).name)
     if n_threads:

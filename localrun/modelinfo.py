@@ -10,14 +10,20 @@ from localrun.errors import ConfigError, ModelNotFoundError
 
 
 def show_info(model: str, hardware=None) -> dict:
-    """``{"name", "catalog": {...} | None, "file": {...} | None, "fit": {...}}`` for MODEL.
+    """``{"name", "catalog", "file", "fit", "summary"}`` for MODEL.
 
     ``catalog``: the models.toml entry; ``file``: the GGUF header summary when the model is on disk
-    (pulled, found in another tool's folder, or a path); ``fit``: per catalog quantization, its size
-    (hub-free estimate: params × bits-per-weight) and whether size + 20% fits this machine's VRAM or RAM,
-    and the quantization `localrun pull` would choose. Raises ModelNotFoundError when MODEL is none of these.
+    (pulled, found in another tool's folder, or a path), with ``complete`` False when its tensor data is
+    cut short; ``fit``: the planner's answer for this machine — the same plans, sizes and speeds as
+    `localrun fit` (``commands.fit.plan_model_here`` with ``measurements.planner_measurement``), one
+    row per quantization, and the quantization `localrun pull` would choose; ``summary``: the readable
+    rows `localrun show` prints, ``[[label, text], …]``. ``hardware`` None = this machine (measured
+    speeds apply); a given profile describes another machine. Raises ModelNotFoundError when MODEL is
+    none of these.
     """
-    from localrun.catalog import estimate_file_bytes, get_entry
+    from localrun.catalog import get_entry
+    from localrun.commands.fit import plan_model_here
+    from localrun.measurements import planner_measurement
     from localrun.store import resolve_model
 
     entry = get_entry(model) if "/" not in model and not model.endswith(".gguf") else None
@@ -32,39 +38,92 @@ def show_info(model: str, hardware=None) -> dict:
         info["catalog"] = {k: v for k, v in asdict(entry).items() if k != "sources"}
         info["catalog"]["sources"] = {q: (s.get("repo", "") + ("/" + s["file"] if "file" in s else ""))
                                       for q, s in entry.sources.items()}
+    spec = None
     if path is not None and path.is_file():
         from localrun.gguf_info import read_gguf
 
         spec = read_gguf(path)
         s = spec.summary()
         info["file"] = {"path": str(path), "quant": spec.file_type, "size_bytes": spec.file_bytes,
-                        "complete": not spec.truncated,
-                        **{k: s[k] for k in ("arch", "n_params", "n_layer", "n_ctx_train") if k in s}}
+                        "complete": not spec.truncated, "expected_bytes": spec.expected_file_bytes,
+                        **{k: s[k] for k in ("architecture", "n_params", "n_layer", "n_ctx_train") if k in s}}
+    meas = planner_measurement("llamacpp") if hardware is None else None
     if hardware is None:
         from localrun.hardware import probe_hardware
 
         hardware = probe_hardware()
-    from localrun.hardware import fmt_bytes
-    from localrun.pull import FIT_MARGIN, RemoteFile, choose_quant, memory_budget_bytes
-
-    budget, where = memory_budget_bytes(hardware)
-    fit: dict = {"budget_bytes": budget, "budget_in": where, "quants": {}}
+    _, chosen, plans = plan_model_here(str(path) if spec is not None else entry.name, hardware, measurement=meas)
+    info["fit"] = _fit_info(chosen, plans, hardware)
     if entry and entry.quants:
-        files = []
-        for q in entry.quants:
-            size = estimate_file_bytes(entry, q)
-            fit["quants"][q] = {"est_bytes": size, "fits": size * FIT_MARGIN <= budget}
-            files.append(RemoteFile(entry.sources[q]["repo"], entry.sources[q]["file"], q, estimated_bytes=size))
-        best, why = choose_quant(files, hardware, entry)
-        fit["pull_would_choose"] = best.quant
-        fit["reason"] = why
-    if info["file"]:
-        size = info["file"]["size_bytes"]
-        fit["file_fits"] = size * FIT_MARGIN <= budget
-        fit["summary"] = (f"{fmt_bytes(size)} + 20% {'fits' if fit['file_fits'] else 'does not fit'} the "
-                          f"{fmt_bytes(budget)} of {where} available")
-    info["fit"] = fit
+        info["fit"].update(_pull_choice(entry, hardware, meas))
+    info["summary"] = summary_rows(info, spec, entry)
     return info
+
+
+def _fit_info(chosen, plans, hardware) -> dict:
+    best = chosen or plans[0]
+    keys = ("quant", "n_ctx", "n_gpu_layers", "kv_type", "weights_bytes", "vram_bytes", "ram_bytes",
+            "disk_backed_bytes", "decode_tok_s", "prefill_tok_s", "speed_source", "reasons", "warnings")
+    return {"machine": hardware.label or "this machine", "fits": chosen is not None,
+            **{k: getattr(best, k) for k in keys},
+            "quants": {p.quant: {"weights_bytes": p.weights_bytes, "fits": p.fits, "decode_tok_s": p.decode_tok_s,
+                                 "source": p.source} for p in plans}}
+
+
+def _pull_choice(entry, hardware, meas) -> dict:
+    """What `localrun pull NAME` would download here: the planner's choice among the catalog quants."""
+    from localrun.offload.choose import Candidate, choose
+    from localrun.offload.synthetic import spec_from_entry, supported_quants
+
+    ok = set(supported_quants())
+    cands = [Candidate(q, spec_from_entry(entry, q), "catalog") for q in entry.quants if q.upper() in ok]
+    chosen, _ = choose(cands, hardware, measurement=meas) if cands else (None, [])
+    if chosen is None:
+        return {"pull_would_choose": None, "reason": "no quantization fits this machine"}
+    return {"pull_would_choose": chosen.quant, "reason": chosen.reasons[0]}
+
+
+def summary_rows(info: dict, spec=None, entry=None) -> list[list[str]]:
+    """The readable `localrun show` table: [[label, text], …] (sizes and speeds as `fit` prints them)."""
+    from localrun.hardware import fmt_bytes
+
+    rows: list[list[str]] = []
+    src = spec or entry
+    if src is not None:
+        arch = spec.arch if spec else entry.arch
+        n_params = spec.n_params if spec else entry.params_total
+        trained = spec.n_ctx_train if spec else entry.n_ctx_train
+        rows.append(["model", f"{info['name']}: {arch}, {n_params / 1e9:.2f}B parameters, "
+                              f"{spec.n_layer if spec else entry.n_layer} layers, trained for {trained:,} tokens"])
+    f = info.get("file")
+    if f:
+        state = ("complete" if f["complete"] else
+                 f"INCOMPLETE: {fmt_bytes(f['size_bytes'])} of {fmt_bytes(f['expected_bytes'])} "
+                 f"({f['size_bytes'] / f['expected_bytes']:.0%}); it cannot be loaded until the download completes")
+        rows.append(["file", f"{f['path']} ({f['quant']}, {fmt_bytes(f['size_bytes'])}, {state})"])
+    c = info.get("catalog")
+    if c:
+        rows.append(["catalog", f"{c.get('family', '')} · license {c.get('license', '?')} · quantizations "
+                                f"{' '.join(c.get('quants') or [])}"])
+    fit = info["fit"]
+    where = fit["machine"]
+    if fit["fits"]:
+        place = (f"{fit['n_gpu_layers']} GPU layers, VRAM {fmt_bytes(fit['vram_bytes'])}, " if fit["vram_bytes"]
+                 else "CPU, ")
+        rows.append([f"on {where}", f"{fit['quant']} fits: {fit['n_ctx']:,}-token context, {place}RAM "
+                     f"{fmt_bytes(fit['ram_bytes'])}; decode ≈ {fit['decode_tok_s']:.1f} tok/s, prefill ≈ "
+                     f"{fit['prefill_tok_s']:.0f} tok/s ({fit['speed_source'] or 'table'} speeds)"])
+    else:
+        rows.append([f"on {where}", f"{fit['quant']} does not fit: " + "; ".join(
+            r for r in fit["reasons"] if r.startswith("does not fit")).removeprefix("does not fit: ")])
+    for w in fit["warnings"]:
+        rows.append(["warning", w])
+    rows.append(["quantizations", "  ".join(
+        f"{q} {fmt_bytes(x['weights_bytes'])} " + (f"{x['decode_tok_s']:.0f} tok/s" if x["fits"] else "too big")
+        for q, x in fit["quants"].items())])
+    if fit.get("pull_would_choose"):
+        rows.append(["pull would choose", f"{fit['pull_would_choose']}: {fit['reason']}"])
+    return rows
 
 
 def server_ps(host: str | None = None, port: int | None = None, timeout_s: float = 3.0,

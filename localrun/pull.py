@@ -223,6 +223,7 @@ def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
     """(file, reason) from the planner's quant-ladder search, or None when it is unavailable or nothing
     fits (the caller then applies the simple rule)."""
     try:
+        from localrun.measurements import planner_measurement
         from localrun.offload.choose import Candidate, choose
         from localrun.offload.synthetic import spec_from_entry, supported_quants
     except ImportError:
@@ -232,7 +233,7 @@ def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
     cands = [Candidate(q, spec_from_entry(entry, q), "catalog") for q in by_quant if q in ok]
     if not cands:
         return None
-    chosen, _plans = choose(cands, hw)
+    chosen, _plans = choose(cands, hw, measurement=planner_measurement("llamacpp"))
     if chosen is None:
         return None
     f = by_quant[chosen.quant.upper()]

@@ -10,49 +10,28 @@ so bench inverts the same two formulas on what it measured at concurrency 1 and 
 (schema in ``localrun/measurements.py``). "Effective" means everything per token is folded in (kernel
 efficiency, sampling, Python), so a later prediction for a similar model lands close to what runs.
 
-Bytes read per decoded token, counted as the planner counts them (``offload/plan.py: evaluate``, after
-llama.cpp ``src/llama-graph.cpp``): every weight matrix once (expert tensors × n_expert_used/n_expert),
-of the token-embedding table only one row (``ggml_get_rows``) unless the output layer is tied to it (no
-``output.weight``: SmolLM2, Gemma), then it is read whole as the output matmul; plus the KV cache read
-by attention, which the planner takes as half of one sequence's cache (``kv_cache_bytes × 0.5 /
-n_parallel``: the context half full on average). Using the planner's own count is what makes the stored
-bandwidth reproduce the measured speed when ``fit`` plans the same model and context again.
+Bytes read per decoded token and active parameters are the planner's own functions
+(``localrun.offload.speed.weights_read_per_token`` and ``kv_read_per_token``): one definition, so the
+stored bandwidth reproduces the measured speed when ``fit`` plans the same model and context again, and
+`localrun hw --measure` (which calls ``calibration_values`` too) stores the same quantity under the same key.
 """
 
 from __future__ import annotations
 
 
-def _expert_frac(spec, name: str) -> float:
-    return spec.n_expert_used / spec.n_expert if spec.n_expert and "_exps" in name else 1.0
+def decode_bytes_per_token(spec, plan) -> float:
+    """Bytes one decoded token reads on a CPU-only plan: weights + half of one sequence's KV cache."""
+    from localrun.offload.speed import kv_read_per_token, weights_read_per_token
 
-
-def weight_bytes_per_token(spec) -> float:
-    """Weight bytes one decoded token reads (see module docstring)."""
-    tied = spec.tensor("output.weight") is None
-    total = 0.0
-    for t in spec.tensors:
-        if t.name == "token_embd.weight" and not tied:
-            rows = t.shape[-1] if len(t.shape) > 1 else 1
-            total += t.n_bytes / max(1, rows)
-        else:
-            total += t.n_bytes * _expert_frac(spec, t.name)
-    return total
+    rd = weights_read_per_token(spec)
+    return rd["cpu"] + kv_read_per_token(plan.kv_cache_bytes, plan.n_parallel)
 
 
 def active_params(spec) -> float:
-    """Parameters in the matmuls of one token (the embedding lookup excluded unless tied to the output)."""
-    tied = spec.tensor("output.weight") is None
-    return sum(t.n_elements * _expert_frac(spec, t.name) for t in spec.tensors
-               if t.name != "token_embd.weight" or tied)
+    """Parameters in the matmuls of one decoded token (the planner's count)."""
+    from localrun.offload.speed import weights_read_per_token
 
-
-def kv_bytes_read_per_token(plan) -> float:
-    """KV bytes attention reads per decoded token, as the planner models it: half of one sequence's cache."""
-    return plan.kv_cache_bytes * 0.5 / max(1, plan.n_parallel)
-
-
-def decode_bytes_per_token(spec, plan) -> float:
-    return weight_bytes_per_token(spec) + kv_bytes_read_per_token(plan)
+    return weights_read_per_token(spec)["cpu_params"]
 
 
 def calibration_values(spec, plan, *, decode_tok_s: float | None, prefill_tok_s: float | None) -> dict:

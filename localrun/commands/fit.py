@@ -116,26 +116,21 @@ def candidates(model):
     return entry.name, [Candidate(q, spec_from_entry(entry, q), "catalog") for q in quants]
 
 
-def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
-            disk=None, preset=None, goal="balanced", json_out=False) -> int:
-    """Plan, print, and return the exit status (0 fits, 1 nothing fits)."""
-    from localrun.errors import ConfigError
-    from localrun.measurements import get_measurement
+def plan_model_here(model, hw, *, n_ctx=None, n_parallel=1, kv_type=None, flash_attn=None, goal="balanced",
+                    measurement=None):
+    """(title, chosen Plan or None, every Plan) for MODEL on ``hw``: what `fit` prints and `show` sums up.
+
+    A file is planned as it is (its quantization), with the other quantizations as alternatives; a
+    catalog name chooses among its quantizations. Raises ModelNotFoundError / ModelFormatError /
+    ConfigError."""
     from localrun.offload.choose import choose
 
-    if kv_type and kv_type.lower() not in ("f16", "q8_0", "q4_0", "f32", "bf16", "q4_1", "q5_0", "q5_1"):
-        raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
-    if parallel < 1 or (ctx is not None and ctx < 1):
-        raise ConfigError("--ctx and --parallel must be positive")
-    hw = machine(preset=preset, vram=vram, ram=ram, gpu=gpu, disk=disk)
-    detected = not (preset or vram or ram or gpu or disk)
-    meas = get_measurement("llamacpp", "cpu") if detected else None
     title, cands = candidates(model)
-    kw = dict(n_parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, measurement=meas)
+    kw = dict(n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, measurement=measurement)
     file_cands = [c for c in cands if c.source == "file"]
     if file_cands:
-        chosen, plans = choose(file_cands, hw, goal=goal, n_ctx=ctx, **kw)
-        _, others = choose([c for c in cands if c.source != "file"], hw, goal=goal, n_ctx=ctx, **kw)
+        chosen, plans = choose(file_cands, hw, goal=goal, n_ctx=n_ctx, **kw)
+        _, others = choose([c for c in cands if c.source != "file"], hw, goal=goal, n_ctx=n_ctx, **kw)
         plans += others
         if chosen is not None:  # a given file has one quantization: say so, and what a download would give
             chosen.reasons[0] = (f"{chosen.quant} (KL-divergence ≈ {chosen.quality_kld:g}): the quantization of "
@@ -147,13 +142,32 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
                 chosen.reasons.insert(1, f"{b.quant} would also fit here, with better quality "
                                          f"(≈ {b.decode_tok_s:.0f} tok/s): another file to download")
     else:
-        chosen, plans = choose(cands, hw, goal=goal, n_ctx=ctx, **kw)
+        chosen, plans = choose(cands, hw, goal=goal, n_ctx=n_ctx, **kw)
+    return title, chosen, plans
+
+
+def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
+            disk=None, preset=None, goal="balanced", json_out=False) -> int:
+    """Plan, print, and return the exit status (0 fits, 1 nothing fits)."""
+    from localrun.errors import ConfigError
+    from localrun.measurements import planner_measurement
+
+    if kv_type and kv_type.lower() not in ("f16", "q8_0", "q4_0", "f32", "bf16", "q4_1", "q5_0", "q5_1"):
+        raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
+    if parallel < 1 or (ctx is not None and ctx < 1):
+        raise ConfigError("--ctx and --parallel must be positive")
+    hw = machine(preset=preset, vram=vram, ram=ram, gpu=gpu, disk=disk)
+    detected = not (preset or vram or ram or gpu or disk)
+    meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
+    title, chosen, plans = plan_model_here(model, hw, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
+                                           flash_attn=flash_attn, goal=goal, measurement=meas)
     if json_out:
         from localrun.render import print_json
 
         best = chosen or plans[0]
         d = best.to_dict()
         d["fits"] = chosen is not None
+        d["warnings"] = _warnings(best, plans)
         d["machine"] = hw.label or "this machine"
         d["alternatives"] = [{k: p.to_dict()[k] for k in ("quant", "source", "quality_kld", "fits", "n_ctx",
                               "n_gpu_layers", "n_cpu_moe", "kv_type", "weights_bytes", "vram_bytes", "ram_bytes",
@@ -172,6 +186,8 @@ def _render(title, hw, chosen, plans) -> None:
 
     con = stdout()
     where = hw.label or "this machine"
+    for w in _warnings(chosen or plans[0], plans):
+        con.print(f"[yellow]warning:[/] {w}", highlight=False)
     if chosen is None:
         con.print(f"[bold red]{title} does not fit[/] on {where}.")
         for r in plans[0].reasons:
@@ -204,6 +220,15 @@ def _render(title, hw, chosen, plans) -> None:
         t.add_row(p.quant, f"{p.quality_kld:g}", fmt_bytes(p.weights_bytes), place, str(p.n_ctx),
                   f"{p.decode_tok_s:.1f}", f"{p.prefill_tok_s:.0f}", mark)
     con.print(t)
+
+
+def _warnings(best, plans) -> list[str]:
+    """The chosen plan's warnings (incomplete file, context beyond training, rounding), each once."""
+    out: list[str] = []
+    for w in [*best.warnings, *(w for p in plans if p.source == "file" for w in p.warnings)]:
+        if w not in out:
+            out.append(w)
+    return out
 
 
 def _gpu_layers_text(p) -> str:

@@ -1,4 +1,5 @@
-"""`localrun hw`: what this machine has; ``--measure`` times llama.cpp here and stores the speeds."""
+"""`localrun hw`: what this machine has; ``--measure`` times llama.cpp here and stores the speeds;
+``--forget`` deletes them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,21 @@ def register(app: typer.Typer) -> None:
     def hw(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
            measure: bool = typer.Option(False, "--measure", help="Measure this machine's effective decode "
                                         "bandwidth and prefill compute with llama.cpp (a few seconds) and "
-                                        "store them for `localrun fit`.")) -> None:
+                                        "store them for `localrun fit`, chat, serve and pull. Not stored when "
+                                        "other programs or the hypervisor took the CPU meanwhile."),
+           forget: bool = typer.Option(False, "--forget", help="Delete the stored measurements: plan from "
+                                       "the spec tables again.")) -> None:
         """Show CPU, RAM, GPUs (VRAM, Apple unified memory) and the model disk."""
         from localrun.hardware import probe_hardware
-        from localrun.render import print_json, stdout
+        from localrun.render import print_json, stderr, stdout
 
+        if forget:
+            from localrun.measurements import forget_measurements
+
+            gone = forget_measurements()
+            stderr().print(f"forgot {', '.join(gone)}" if gone else "no measurements were stored", highlight=False)
+            if not measure:
+                return
         prof = probe_hardware()
         result = measure_llamacpp_cpu() if measure else None
         if json_out:
@@ -27,34 +38,50 @@ def register(app: typer.Typer) -> None:
             if result is not None:
                 stdout().print(f"measured llama.cpp on the CPU: decode {result['decode_bandwidth_gbps']:.1f} GB/s "
                                f"effective, prefill {result['prefill_gflops']:.0f} GFLOP/s (stored in "
-                               "measurements.json as llamacpp/cpu; `localrun fit` uses it)", highlight=False)
+                               "measurements.json as llamacpp/cpu; fit, chat, serve and pull use it; "
+                               "`localrun hw --forget` deletes it)", highlight=False)
 
 
-def measure_llamacpp_cpu(n_prompt: int = 128, n_decode: int = 32) -> dict:
-    """Load the embedded default model on the CPU, prefill ``n_prompt`` tokens and decode ``n_decode``;
-    effective decode bandwidth = weight bytes read per token × tok/s, prefill compute = 2 × params × tok/s.
-    Stores and returns the ``llamacpp/cpu`` entry of measurements.json."""
+def measure_llamacpp_cpu(n_prompt: int = 128, n_decode: int = 32, meter=None) -> dict:
+    """Load the embedded default model on the CPU, prefill ``n_prompt`` tokens and decode ``n_decode``, and
+    invert the planner's speed formulas on the result (``bench.calibrate.calibration_values``: the same
+    bytes-per-token definition as `fit` and `bench --calibrate`). Stores and returns the ``llamacpp/cpu``
+    entry of measurements.json, with the machine's load during the run (``measurements.LoadMeter``;
+    ``meter`` replaces it in tests).
+
+    Raises LocalrunError (nothing stored) when other processes or CPU steal took a share of the CPU that
+    makes the numbers several times too slow."""
     from localrun.backends import load_engine
     from localrun.backends.base import SamplingParams
+    from localrun.bench.calibrate import calibration_values
+    from localrun.errors import LocalrunError
     from localrun.gguf_info import read_gguf
-    from localrun.measurements import save_measurement
-    from localrun.offload.plan import _read_per_token, simple_plan
-    from localrun.offload.memory import split_weights
+    from localrun.measurements import LoadMeter, save_measurement
+    from localrun.offload.plan import plan_for_run
     from localrun.store import default_model_path
 
     path = default_model_path()
     spec = read_gguf(path)
-    eng = load_engine(str(path), simple_plan(spec, None, n_ctx=1024))
+    plan = plan_for_run(spec, None, n_ctx=1024)
+    eng = load_engine(str(path), plan)
     try:
         prompt = (eng.tokenize("The quick brown fox jumps over the lazy dog. " * 40))[:n_prompt]
         last = None
-        for c in eng.generate(prompt, SamplingParams(max_tokens=n_decode, temperature=0)):
-            last = c
+        with (meter or LoadMeter()) as m:
+            for c in eng.generate(prompt, SamplingParams(max_tokens=n_decode, temperature=0)):
+                last = c
     finally:
         eng.close()
+    load = m.result()
     st = last.stats
-    rd = _read_per_token(spec, split_weights(spec, 0), set(), False, 0)
-    bw = rd["cpu"] * st.decode_tok_s / 1e9
-    gflops = 2 * rd["cpu_params"] * st.prefill_tok_s / 1e9
-    return save_measurement("llamacpp", "cpu", decode_bandwidth_gbps=round(bw, 2), prefill_gflops=round(gflops, 1),
-                            source="hw --measure", model=path.name)
+    vals = calibration_values(spec, plan, decode_tok_s=st.decode_tok_s, prefill_tok_s=st.prefill_tok_s)
+    if load["busy"]:
+        raise LocalrunError(
+            f"measurement not stored: the machine was busy (other processes used {load['others_cpu_frac']:.0%} "
+            f"of the CPU, steal {load['steal_frac']:.0%}); it measured decode {vals['decode_bandwidth_gbps']:.1f} "
+            f"GB/s, prefill {vals['prefill_gflops']:.0f} GFLOP/s, too slow to keep",
+            hint="run `localrun hw --measure` again when the machine is idle; meanwhile the planner uses the "
+            "spec tables (or the measurement stored before)")
+    return save_measurement("llamacpp", "cpu", decode_bandwidth_gbps=round(vals["decode_bandwidth_gbps"], 2),
+                            prefill_gflops=round(vals["prefill_gflops"], 1), source="hw --measure", model=path.name,
+                            load={k: load[k] for k in ("steal_frac", "others_cpu_frac")})

@@ -94,9 +94,13 @@ def ls(
         return
     from localrun.store import list_local_models
 
+    from localrun.gguf_info import file_status
+
     models = list_local_models(external=external)
+    status = [file_status(m.path) for m in models]  # header only: quant when the name lacks it, completeness
     if json_out:
-        print_json([m.to_dict() for m in models])
+        print_json([{**m.to_dict(), "quant": m.quant or st["quant"], "complete": st["complete"],
+                     "problem": st["problem"]} for m, st in zip(models, status)])
         return
     con = stdout()
     if not models:
@@ -108,9 +112,10 @@ def ls(
     t = Table()
     for c in ("name", "quant", "size", "where", "path"):
         t.add_column(c)
-    for m in models:
+    for m, st in zip(models, status):
         where = "localrun" if m.source == "localrun" else f"{m.source} (read-only)"
-        t.add_row(m.ref, m.quant or "?", fmt_bytes(m.size_bytes), where, m.path)
+        size = fmt_bytes(m.size_bytes) + (f" [red]{st['problem']}[/]" if st["problem"] else "")
+        t.add_row(m.ref, m.quant or st["quant"] or "?", size, where, m.path)
     con.print(t)
 
 
@@ -148,20 +153,8 @@ def show(
     t = Table(title=info["name"], show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    for section in ("catalog", "file", "fit"):
-        d = info.get(section)
-        if not d:
-            continue
-        t.add_row(f"[underline]{section}[/]", "")
-        for k, v in d.items():
-            if k == "quants":
-                from localrun.hardware import fmt_bytes
-
-                v = "  ".join(f"{q} ≈{fmt_bytes(x['est_bytes'])} {'fits' if x['fits'] else 'too big'}"
-                              for q, x in v.items())
-            elif isinstance(v, (dict, list)):
-                v = ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else ", ".join(map(str, v))
-            t.add_row(k, str(v))
+    for label, text in info["summary"]:  # readable rows, built by modelinfo.summary_rows
+        t.add_row(label, text)
     stdout().print(t)
 
 

@@ -248,22 +248,26 @@ def output_buffer_bytes(spec: ModelSpec, n_parallel: int = 1) -> int:
     return spec.vocab_size * 4 * max(1, n_parallel)
 
 
-def compute_buffer_bytes(spec: ModelSpec, n_ctx_seq: int, *, n_ubatch: int = 512, flash_attn: bool = True,
-                         n_parallel: int = 1) -> int:
+def compute_buffer_bytes(spec: ModelSpec, n_kv_cells: int, *, n_ubatch: int = 512, flash_attn: bool = True) -> int:
     """The scheduler's worst-case graph (``sched_reserve: ... compute buffer size``), empirical.
+
+    ``n_kv_cells``: the cells one stream's attention spans — ``n_ctx_seq`` (one KV stream per sequence,
+    localrun's default) or all cells when the cache is unified. The number of sequences does not multiply
+    it: llama.cpp reserves the graph for one ubatch of ``n_ubatch`` tokens, split across the streams
+    (src/llama-kv-cache.cpp: KQ is ``[n_kv, n_tokens / n_stream, n_head, n_stream]``), measured: SmolLM2
+    at 8192 tokens reserves 166.38 MiB with 1, 4 and 8 sequences (tests/test_memory.py).
 
     Flash attention: the peak is the last stage, logits + two hidden states:
     ``n_ubatch × (n_vocab + 2 n_embd) × 4`` — exact for SmolLM2 (98.25 MiB) and Gemma-3 (514.50 MiB).
     Without it the attention scores ``KQ`` (f32, n_kv × n_ubatch × n_head, plus the mask) can dominate:
-    ``n_ubatch × 4 × (n_kv × (n_head + 1) + 6 n_embd)``, n_kv = cells of the full-attention layers
-    (SmolLM2 at 8192: 166.38 MiB measured, 166.75 predicted). 2% margin on top.
+    ``n_ubatch × 4 × (n_kv × (n_head + 1) + 6 n_embd)`` (SmolLM2 at 8192: 166.38 MiB measured, 166.75
+    predicted). 2% margin on top.
     """
     logits = n_ubatch * (spec.vocab_size + 2 * spec.n_embd) * 4
     if flash_attn:
         peak = logits
     else:
-        n_kv = n_ctx_seq * max(1, n_parallel)
-        attn = n_ubatch * 4 * (n_kv * (spec.n_head + 1) + 6 * spec.n_embd)
+        attn = n_ubatch * 4 * (max(1, n_kv_cells) * (spec.n_head + 1) + 6 * spec.n_embd)
         peak = max(logits, attn)
     return int(peak * 1.02)
 

@@ -62,6 +62,10 @@ class Plan:
     ram_budget_bytes: int = 0
     speed_source: str = ""
     kv_cells: dict = field(default_factory=dict)
+    n_ctx_train: int = 0  # the model's training context, tokens
+    n_ctx_requested: int | None = None  # --ctx as given (None: the planner chose n_ctx)
+    weights_complete: bool = True  # False: the file's tensor data is cut short (a partial download)
+    warnings: list[str] = field(default_factory=list)  # what the user must hear (fit prints them; chat/serve too)
     source: str = ""  # fit: "file" | "catalog" | "other quantization (not downloaded)"
     quality_kld: float | None = None  # fit: published mean KL-divergence of the quantization
 
@@ -108,6 +112,27 @@ def _budgets(hw) -> tuple[int, int]:
     return vram, ram
 
 
+QUANTIZED_KV = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+
+
+def flash_attention(kv_type: str, flash_attn: bool | None, on_gpu: bool) -> bool:
+    """Whether the context runs with flash attention.
+
+    ``flash_attn`` None (localrun decides): on with a GPU; off on the CPU, where llama.cpp's CPU
+    flash-attention kernel decoded 2-4x slower at ~1k tokens of context than the plain path in our
+    measurements (SmolLM2, 1 thread; benches/serve_concurrency.py shows it too) — except that a quantized
+    V cache needs it (llama.cpp turns AUTO into ENABLED for one, src/llama-context.cpp
+    llama_init_from_model). ``flash_attn`` False with a quantized V cache raises ConfigError: llama.cpp
+    refuses that context ("quantized V cache requires flash_attn to be enabled", it returns NULL)."""
+    quant_v = kv_type.lower() in QUANTIZED_KV
+    if flash_attn is False and quant_v:
+        raise ConfigError(f"a {kv_type} KV cache needs flash attention: llama.cpp cannot run a quantized V "
+                          "cache without it", hint="drop --no-flash-attn, or use --kv-type f16")
+    if flash_attn is None:
+        return True if quant_v else on_gpu
+    return bool(flash_attn)
+
+
 def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16", n_gpu_layers: int = 0,
              n_cpu_moe: int = 0, flash_attn: bool | None = None, use_mmap: bool = True, n_ubatch: int = 512,
              n_batch: int = 512, backend: str = "llamacpp", measurement: dict | None = None,
@@ -128,11 +153,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     gpu = hw.gpus[0] if hw is not None and hw.gpus and n_gpu_layers != 0 else None
     ngl = n_gpu_layers if gpu is not None else 0
     ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
-    # flash attention: a quantized V cache requires it. Left to us (None): on with a GPU; off on the CPU,
-    # where llama.cpp's CPU flash-attention kernel decoded 2-4x slower at ~1k tokens of context than the
-    # plain path in our measurements (SmolLM2, 1 thread; benches/serve_concurrency.py shows it too).
-    quant_v = kv_type not in ("f16", "f32", "bf16")
-    fa = True if quant_v else (gpu is not None if flash_attn is None else bool(flash_attn))
+    fa = flash_attention(kv_type, flash_attn, gpu is not None)
     # one KV stream per sequence (not unified). Measured with benches/serve_concurrency.py at 8 streams:
     # unified 69.7 tok/s vs 82.3 split, since without flash attention every decoded token then attends over
     # the cells of all sequences. The engine keeps batches friendly to split_equal instead (see step()).
@@ -142,7 +163,8 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     gpu_set = set(ws.gpu_layers)
     kv_gpu = sum(kv.layer_bytes(il) for il in gpu_set) if (gpu is not None and offload_kqv) else 0
     kv_cpu = kv.bytes - kv_gpu
-    compute = M.compute_buffer_bytes(spec, kv.n_ctx_seq, n_ubatch=n_ubatch, flash_attn=fa, n_parallel=n_parallel)
+    compute = M.compute_buffer_bytes(spec, kv.n_ctx_total if kv_unified else kv.n_ctx_seq, n_ubatch=n_ubatch,
+                                     flash_attn=fa)
     full_offload = gpu is not None and len(gpu_set) == n_layer and ws.output_on_gpu and not ws.cpu_expert_bytes
     compute_gpu = compute if gpu is not None else 0
     compute_cpu = n_ubatch * spec.n_embd * 4 * 2 if full_offload else compute
@@ -166,9 +188,9 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     if gpu is not None:
         tiers["gpu"] = S.gpu_tier(gpu)
     tiers["disk"] = S.disk_tier(hw.disk.kind if hw is not None and hw.disk else None)
-    rd = _read_per_token(spec, ws, gpu_set, ws.output_on_gpu, n_cpu_moe)
+    rd = S.weights_read_per_token(spec, gpu_set, ws.output_on_gpu, n_cpu_moe)
     frac_disk = disk_backed / page_cache if page_cache else 0.0
-    kv_read = kv.bytes * 0.5 / max(1, n_parallel)  # one sequence, context half full on average
+    kv_read = S.kv_read_per_token(kv.bytes, n_parallel)
     kv_read_gpu = kv_read * (kv_gpu / kv.bytes) if kv.bytes else 0.0
     bytes_tier = {"gpu": rd["gpu"] + kv_read_gpu, "cpu": rd["cpu"] * (1 - frac_disk) + kv_read - kv_read_gpu,
                   "disk": rd["cpu"] * frac_disk}
@@ -196,30 +218,40 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     plan.ram_budget_bytes = ram_for_host
     plan.speed_source = tiers["cpu"].source if (gpu is None or rd["cpu"] > 0) else tiers["gpu"].source
     plan.kv_cells = {p.name: p.cells for p in kv.parts}
+    plan.n_ctx_train = spec.n_ctx_train
     plan.reasons = _reasons(plan, spec, hw, gpu, ws, kv, tiers, unified)
+    if fa and flash_attn is None and kv_type in QUANTIZED_KV and gpu is None:
+        plan.reasons.append(f"flash attention on: llama.cpp needs it for a {kv_type} V cache")
+    _context_notes(plan, spec, n_ctx)
+    if spec.file_bytes and spec.truncated:  # a real file (synthetic specs have no bytes) cut short
+        plan.weights_complete = False
+        plan.warnings.append(
+            f"{spec.path}: the tensor data is incomplete ({_gib(spec.file_bytes)} of "
+            f"{_gib(spec.expected_file_bytes)}, {spec.file_bytes / spec.expected_file_bytes:.0%}): planned from its "
+            "header; it cannot be loaded until the download completes (`localrun pull` resumes it)")
     return plan
 
 
-def _read_per_token(spec, ws, gpu_set, out_gpu: bool, n_cpu_moe: int) -> dict[str, float]:
-    """Weight bytes (and parameters) one decoded token reads per tier: every dense tensor, the used
-    fraction of expert tensors, and of the token embeddings only one row (get_rows)."""
-    frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
-    has_output = any(t.name == "output.weight" for t in spec.tensors)
-    out = {"gpu": 0.0, "cpu": 0.0, "gpu_params": 0.0, "cpu_params": 0.0}
-    for t in spec.tensors:
-        il = t.layer
-        f = frac if "_exps" in t.name else 1.0
-        if il is not None:
-            where = "gpu" if (il in gpu_set and not ("_exps" in t.name and il < n_cpu_moe)) else "cpu"
-        elif t.name.startswith("output"):
-            where = "gpu" if out_gpu else "cpu"
-        elif t.name == "token_embd.weight" and not has_output:  # tied: read fully as the output layer
-            where = "gpu" if out_gpu else "cpu"
-        else:
-            continue
-        out[where] += t.n_bytes * f
-        out[where + "_params"] += t.n_elements * f
-    return out
+def rope_scale_needed(n_ctx: int, n_ctx_train: int) -> float:
+    """RoPE scaling factor a context beyond training needs: ``n_ctx / n_ctx_train`` (llama.cpp
+    ``--rope-scale``, YaRN's ``s``; Peng et al. 2023). 1.0 when it is within training or unknown."""
+    return n_ctx / n_ctx_train if n_ctx_train and n_ctx > n_ctx_train else 1.0
+
+
+def _context_notes(plan: Plan, spec, n_ctx: int) -> None:
+    """Warnings about the context: beyond the training length, or rounded up by llama.cpp."""
+    trained = spec.n_ctx_train
+    if trained and n_ctx > trained:
+        f = rope_scale_needed(n_ctx, trained)
+        scaled = spec.meta(".rope.scaling.type")
+        plan.warnings.append(
+            f"context {n_ctx} is above {spec.name}'s training context ({trained} tokens): past {trained} the "
+            f"model degrades unless RoPE is scaled by {f:.3g}× (YaRN/linear, llama.cpp --rope-scale {f:.3g}"
+            + (f"; the file declares {scaled} scaling" if scaled else "; the file declares none")
+            + f"), and the KV cache costs {_gib(plan.kv_cache_bytes)}; use --ctx {trained} or less")
+    if plan.n_ctx != n_ctx:
+        plan.warnings.append(f"context {n_ctx} rounded up to {plan.n_ctx} tokens: llama.cpp gives each sequence "
+                             "a multiple of 256 KV cells")
 
 
 def _reasons(plan: Plan, spec, hw, gpu, ws, kv, tiers, unified: bool) -> list[str]:
@@ -262,17 +294,96 @@ def _reasons(plan: Plan, spec, hw, gpu, ws, kv, tiers, unified: bool) -> list[st
 # search for one quantization
 # ------------------------------------------------------------------------------------------------
 
+# The context chosen when none is asked for (``plan_model(n_ctx=None)``): the longest that fits, up to the
+# training context, within these caps. llama-server allocates the full training context by default,
+# Ollama and LM Studio 4096 (Ollama ≥ 0.12 more with more VRAM): localrun takes the training context when
+# the KV cache stays a modest share of memory, capped on the CPU, where a long prompt prefills slowly
+# anyway and the KV cache competes with everything else in RAM.
+CTX_FLOOR = 4096  # never choose less (unless the model was trained shorter)
+CTX_CAP_CPU = 32768
+CTX_CAP_GPU = 131072
+KV_SHARE_MAX = 0.25  # chosen context: KV cache ≤ this share of the memory it lives in (VRAM or RAM)
+
+
 def plan_model(spec, hw, *, n_ctx: int | None = None, n_parallel: int = 1, kv_type: str | None = None,
                flash_attn: bool | None = None, n_gpu_layers: int | None = None, use_mmap: bool = True,
                backend: str = "llamacpp", measurement: dict | None = None,
                gpu_offload_supported: bool = True) -> Plan:
     """The best configuration of ``spec`` on ``hw``: the most layers on the GPU that fit (MoE: expert
     tensors move to the CPU before any layer does), f16 KV unless q8_0 is what lets it fit or keeps more
-    layers on the GPU. ``n_ctx`` defaults to min(4096, training context). Flags given are kept as is."""
-    ctx = int(n_ctx or min(4096, spec.n_ctx_train or 4096))
+    layers on the GPU. Flags given are kept as is.
+
+    ``n_ctx`` None: the longest context per sequence (tokens) up to the training context that costs
+    nothing else — the same GPU layers, KV type and experts as at ``CTX_FLOOR``, no disk-backed pages,
+    the KV cache ≤ ``KV_SHARE_MAX`` of the budget — capped at ``CTX_CAP_CPU`` (CPU only) or
+    ``CTX_CAP_GPU``; the reasons say what was chosen and why. Raises ConfigError for an unknown KV type
+    or a quantized KV cache with ``flash_attn=False``."""
+    kw = dict(n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
+              use_mmap=use_mmap, backend=backend, measurement=measurement,
+              gpu_offload_supported=gpu_offload_supported)
+    if n_ctx:
+        p = _plan_at_ctx(spec, hw, n_ctx=int(n_ctx), **kw)
+        p.n_ctx_requested = int(n_ctx)
+        return p
+    trained = spec.n_ctx_train or CTX_FLOOR
+    base = _plan_at_ctx(spec, hw, n_ctx=min(CTX_FLOOR, trained), **kw)
+    cap = CTX_CAP_GPU if base.vram_bytes else CTX_CAP_CPU
+    for ctx in _longer_contexts(trained, cap, base.n_ctx):
+        if not base.fits:
+            break
+        p = evaluate(spec, hw, n_ctx=ctx, n_parallel=n_parallel, kv_type=base.kv_type,
+                     n_gpu_layers=base.n_gpu_layers, n_cpu_moe=base.n_cpu_moe, flash_attn=flash_attn,
+                     use_mmap=use_mmap, backend=backend, measurement=measurement)
+        budget = p.vram_budget_bytes if p.kv_gpu_bytes else p.ram_budget_bytes
+        if (p.fits and not p.disk_backed_bytes and p.n_gpu_layers >= base.n_gpu_layers
+                and p.n_cpu_moe <= base.n_cpu_moe and p.kv_cache_bytes <= KV_SHARE_MAX * budget):
+            p.reasons.insert(_ctx_reason_at(p), _ctx_reason(p, trained, cap))
+            p.reasons += [r for r in base.reasons if r.startswith("CPU only: this llama.cpp")
+                          or (r.startswith("KV cache ") and ": with " in r)]
+            return p
+    base.reasons.insert(_ctx_reason_at(base), _ctx_reason(base, trained, cap, longer=base.n_ctx < min(trained, cap)))
+    return base
+
+
+def _longer_contexts(trained: int, cap: int, floor: int) -> list[int]:
+    """Candidate contexts above ``floor``, longest first: min(trained, cap), then halvings."""
+    top = min(trained, cap)
+    out, c = [], top
+    while c > floor:
+        out.append(c)
+        c //= 2
+    return out
+
+
+def _ctx_reason_at(p: Plan) -> int:
+    """Index for the context reason: right after the GPU/CPU placement line."""
+    return min(1, len(p.reasons))
+
+
+def _ctx_reason(p: Plan, trained: int, cap: int, *, longer: bool = False) -> str:
+    where = "GPU" if p.kv_gpu_bytes else "RAM"
+    if p.n_ctx >= trained:
+        why = "the model's training context"
+    elif p.n_ctx >= cap:
+        why = (f"capped at {cap} of {trained} trained: " + ("on the CPU a long prompt prefills slowly"
+               if where == "RAM" else "a longer KV cache is rarely used") + "; --ctx asks for more")
+    elif longer:
+        why = (f"a longer one would cost GPU layers, disk-backed pages or over {KV_SHARE_MAX:.0%} of the {where} "
+               f"budget for the KV cache (trained for {trained}; --ctx asks for more)")
+    else:
+        why = f"the longest whose KV cache stays within {KV_SHARE_MAX:.0%} of the {where} budget (trained for {trained})"
+    return f"context {p.n_ctx} tokens per sequence (chosen: {why}); KV cache {_gib(p.kv_cache_bytes)}"
+
+
+def _plan_at_ctx(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str | None = None,
+                 flash_attn: bool | None = None, n_gpu_layers: int | None = None, use_mmap: bool = True,
+                 backend: str = "llamacpp", measurement: dict | None = None,
+                 gpu_offload_supported: bool = True) -> Plan:
+    """``plan_model`` for one given context (tokens per sequence)."""
+    ctx = int(n_ctx)
     kw = dict(n_ctx=ctx, n_parallel=n_parallel, flash_attn=flash_attn, use_mmap=use_mmap, backend=backend,
               measurement=measurement)
-    kv_choices = [kv_type] if kv_type else ["f16", "q8_0"]
+    kv_choices = [kv_type] if kv_type else (["f16"] if flash_attn is False else ["f16", "q8_0"])
     has_gpu = bool(hw is not None and hw.gpus) and gpu_offload_supported
     best: Plan | None = None
     for kvt in kv_choices:
@@ -340,15 +451,12 @@ def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
 
 def plan_for_run(spec, hardware, *, n_ctx: int | None = None, n_parallel: int = 1, kv_type: str | None = None,
                  n_gpu_layers: int | None = None, flash_attn: bool | None = None, backend: str = "llamacpp",
-                 gpu_offload_supported: bool = True, measurement: dict | None = "auto") -> Plan:
+                 gpu_offload_supported: bool = True, measurement: dict | None = None) -> Plan:
     """The Plan chat/serve load: the planner's choice for ``spec`` on ``hardware``, with every flag given
-    overriding it. ``n_ctx`` defaults to min(4096, training context); ``n_gpu_layers`` uses llama.cpp's
-    meaning (-1 = all). The plan carries ``fits`` and ``reasons``; pass it to ``check_fits`` before loading.
-    ``measurement="auto"`` reads measurements.json (``<backend>/cpu``) for the speed prediction."""
-    if measurement == "auto":
-        from localrun.measurements import get_measurement
-
-        measurement = get_measurement(backend, "cpu")
+    overriding it. ``n_ctx`` None lets the planner choose (see ``plan_model``); ``n_gpu_layers`` uses
+    llama.cpp's meaning (-1 = all). ``measurement``: this machine's measured speeds
+    (``localrun.measurements.planner_measurement``), passed in by the caller so the planner does no I/O.
+    The plan carries ``fits``, ``reasons`` and ``warnings``; pass it to ``check_fits`` before loading."""
     if n_gpu_layers is not None and n_gpu_layers < 0:
         n_gpu_layers = spec.n_layer + 1
     return plan_model(spec, hardware, n_ctx=n_ctx, n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn,

@@ -81,6 +81,46 @@ def disk_tier(kind: str | None) -> Tier:
     return Tier("disk", DISK_TABLE.get(kind or "unknown", DISK_TABLE["unknown"]) * EFFICIENCY["disk"], 0.0)
 
 
+def weights_read_per_token(spec, gpu_layers=(), output_on_gpu: bool = False, n_cpu_moe: int = 0) -> dict[str, float]:
+    """Weight bytes (and parameters) one decoded token reads, per tier: ``{"gpu", "cpu", "gpu_params",
+    "cpu_params"}``. The one definition of "bytes read per decoded token" (fit, bench --calibrate and
+    hw --measure all use it, so a stored bandwidth reproduces the speed it was measured at).
+
+    After llama.cpp src/llama-graph.cpp: every weight matrix once, expert tensors × n_expert_used /
+    n_expert; of the token embeddings one row (``ggml_get_rows``; always on the CPU), unless the output
+    layer is tied to them (no ``output.weight``: SmolLM2, Gemma), then they are read whole as the output
+    matmul, on the tier of the output layer. ``gpu_layers``: repeating-layer indices on the GPU.
+    """
+    frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
+    gpu_set = set(gpu_layers)
+    has_output = any(t.name == "output.weight" for t in spec.tensors)
+    out = {"gpu": 0.0, "cpu": 0.0, "gpu_params": 0.0, "cpu_params": 0.0}
+    for t in spec.tensors:
+        il = t.layer
+        f = frac if "_exps" in t.name else 1.0
+        if il is not None:
+            where = "gpu" if (il in gpu_set and not ("_exps" in t.name and il < n_cpu_moe)) else "cpu"
+        elif t.name.startswith("output"):
+            where = "gpu" if output_on_gpu else "cpu"
+        elif t.name == "token_embd.weight" and not has_output:  # tied: read fully as the output layer
+            where = "gpu" if output_on_gpu else "cpu"
+        elif t.name == "token_embd.weight":  # one row per token, no matmul
+            rows = t.shape[-1] if len(t.shape) > 1 else 1
+            out["cpu"] += t.n_bytes / max(1, rows)
+            continue
+        else:
+            continue
+        out[where] += t.n_bytes * f
+        out[where + "_params"] += t.n_elements * f
+    return out
+
+
+def kv_read_per_token(kv_cache_bytes: int, n_parallel: int = 1) -> float:
+    """KV bytes attention reads per decoded token: half of one sequence's cache (the context half full
+    on average). Bytes."""
+    return kv_cache_bytes * 0.5 / max(1, n_parallel)
+
+
 def decode_tok_s(bytes_per_tier: dict[str, float], tiers: dict[str, Tier]) -> float:
     """Tokens/s = 1 / Σ (bytes read per token on tier / bandwidth of tier). Bytes, GB/s."""
     t = sum(b / (tiers[k].bandwidth_gbps * 1e9) for k, b in bytes_per_tier.items() if b > 0)
