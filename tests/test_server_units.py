@@ -92,26 +92,64 @@ def test_request_conversion():
 
 
 def test_queue_is_bounded(smollm_engine):
+    """``max_queue`` places beyond the free slots: with 1 slot and 2 places, 3 requests are accepted at once
+    even though the (unstarted) scheduler has admitted none of them yet."""
     import asyncio
 
     from localrun.backends.base import SamplingParams
-    from localrun.server.errors import QueueFullError
+    from localrun.server.errors import QueueFullError, ShuttingDownError
     from localrun.server.metrics import ServerMetrics
     from localrun.server.scheduler import Job, Scheduler
 
+    assert smollm_engine.n_parallel == 1
     sched = Scheduler(smollm_engine, ServerMetrics(1, 2048), max_queue=2)  # not started: nothing is admitted
     loop = asyncio.new_event_loop()
     try:
-        jobs = [Job(loop=loop, queue=asyncio.Queue(), tokens=[1, 2], params=SamplingParams()) for _ in range(3)]
-        sched.submit(jobs[0])
-        sched.submit(jobs[1])
+        jobs = [Job(loop=loop, queue=asyncio.Queue(), tokens=[1, 2], params=SamplingParams()) for _ in range(5)]
+        for j in jobs[:3]:
+            sched.submit(j)
         with pytest.raises(QueueFullError):
-            sched.submit(jobs[2])
+            sched.submit(jobs[3])
         sched.cancel(jobs[0])
-        sched.submit(jobs[2])
-        assert sched.n_waiting == 2
+        sched.submit(jobs[3])
+        assert sched.n_waiting == 3
+        sched.shutdown()  # SIGINT: every waiting request ends with ShuttingDownError, new ones are refused
+        with pytest.raises(ShuttingDownError):
+            sched.submit(jobs[4])
+        loop.run_until_complete(asyncio.sleep(0))
+        for j in jobs[1:4]:
+            kind, err = j.queue.get_nowait()
+            assert kind == "error" and isinstance(err, ShuttingDownError)
+        assert sched.n_waiting == 0 and sched.idle
     finally:
         loop.close()
+
+
+def test_parse_max_body():
+    from localrun.commands.serve import parse_max_body
+
+    assert parse_max_body("8MiB") == 8 * 1024 * 1024 and parse_max_body("512KiB") == 512 * 1024
+    for bad in ("lots", "12"):
+        with pytest.raises(ConfigError) as ei:
+            parse_max_body(bad)
+        assert "8MiB" in ei.value.hint
+
+
+def test_parse_json_body_names_the_field():
+    from localrun.server.errors import RequestError
+    from localrun.server.runtime import parse_json_body
+
+    assert parse_json_body(rb'{"a": [1, 2.5, "x\\ud800"]}') == {"a": [1, 2.5, "x\\ud800"]}  # an escaped backslash
+    cases = {b'{"a": {"b": [1, NaN]}}': "a.b.1", b'{"t": 1e999}': "t", b'{"m": [{"c": "\\ud800"}]}': "m.0.c",
+             b'{"x": -Infinity}': "x"}
+    for body, field in cases.items():
+        with pytest.raises(RequestError) as ei:
+            parse_json_body(body)
+        assert ei.value.param == field and ei.value.status == 400, body
+    for body in (b"[]", b"{", b'{"a": "\xff"}', b"[" * 70 + b"]" * 70, b'{"a": ' * 65 + b"1" + b"}" * 65):
+        with pytest.raises(RequestError):
+            parse_json_body(body)
+    assert parse_json_body(b'{"s": "' + b"[" * 500 + b'"}')["s"] == "[" * 500  # brackets inside a string
 
 
 @pytest.mark.slow

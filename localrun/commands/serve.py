@@ -57,6 +57,22 @@ def check_port_free(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e})", hint=hint) from None
 
 
+def parse_max_body(text: str) -> int:
+    """``--max-body`` ('8MiB', '512KiB', '1GiB') → bytes. Raises ConfigError for other text or a size
+    under 1 KiB (no request fits in less)."""
+    from localrun.errors import ConfigError
+    from localrun.hardware import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except ValueError as e:
+        raise ConfigError(f"--max-body: {e}", hint="give a size with a unit, e.g. --max-body 8MiB") from None
+    if n < 1024:
+        raise ConfigError(f"--max-body {text} is {n} bytes: too small for any request",
+                          hint="give a size with a unit, e.g. --max-body 8MiB (the default)")
+    return n
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -72,6 +88,7 @@ def register(app: typer.Typer) -> None:
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
         flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa", help="Flash attention (default: the plan's: on with a GPU, off on the CPU)."),
         max_queue: int = typer.Option(64, "--max-queue", min=1, help="Requests that may wait for a slot (503 past it)."),
+        max_body: str = typer.Option("8MiB", "--max-body", help="Largest request body, e.g. 8MiB, 512KiB (413 past it)."),
         chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chatml|llama3|gemma|mistral|phi3|FILE."),
         alias: Optional[str] = typer.Option(None, "--alias", help="Model id reported to clients (default: file name)."),
         threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
@@ -85,6 +102,13 @@ def register(app: typer.Typer) -> None:
 
         With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the
         queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501
+        A request without max_tokens (or with more than the context has room for) generates until the
+        model stops, a stop string matches, or the sequence's context (--ctx) is full: then it ends with
+        finish_reason "length".
+
+        --parallel requests run at once and --max-queue more wait; past that the server answers 503.
+        Ctrl-C (SIGINT) or SIGTERM ends running generations and exits at once.
+
         (embeddings need the llama.cpp backend)."""
         from localrun.config import get_settings
         from localrun.errors import ConfigError
@@ -93,10 +117,12 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"unknown --log-level {log_level!r}", hint="use debug, info, warning or error")
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
+        max_body_bytes = parse_max_body(max_body)
         check_port_free(settings.host, settings.port)
         run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue, backend=backend,
                    kv_type=kv_type, flash_attn=flash_attn,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
+                   max_body_bytes=max_body_bytes,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level)
 
 
@@ -125,14 +151,12 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
 
 def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
                cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
-               flash_attn: bool | None = None) -> None:
+               flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024) -> None:
     import logging
-
-    import uvicorn
 
     from localrun.backends.serial import serving_mode
     from localrun.render import stderr
-    from localrun.server.app import create_app
+    from localrun.server.app import create_app, serve_forever
     from localrun.server.runtime import ServeOptions
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -143,7 +167,8 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
 
     options = ServeOptions(model_id=alias or display_name(engine.model_path), api_key=settings.api_key,
                            cors_origins=list(cors_origins),
-                           log_prompts=log_prompts, max_queue=max_queue, plan=plan, hardware=hw)
+                           log_prompts=log_prompts, max_queue=max_queue, max_body_bytes=max_body_bytes, plan=plan,
+                           hardware=hw)
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -155,6 +180,7 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
                    f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}",
                    soft_wrap=True)  # one line in a log file too (no wrapping at 80 columns)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level.lower(), access_log=False)
+        serve_forever(app, settings.host, settings.port, log_level=log_level.lower())
     finally:
-        engine.close()
+        if st.scheduler.idle:  # never free the context under a llama_decode still running
+            engine.close()

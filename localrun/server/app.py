@@ -8,8 +8,12 @@ Around every route:
   one log line per request (method, path, status, seconds, tokens, TTFT; the prompt only with
   ``log_prompts``), and the ``localrun_requests_total`` counter;
 * exception handlers: a ``LocalrunError`` → status by type (``errors.error_info``), a pydantic
-  ``ValidationError`` → 400 naming the field, anything else → 500; the server keeps serving. Bodies are
-  OpenAI's ``{"error": {...}}``, or Ollama's ``{"error": "..."}`` under ``/api/``.
+  ``ValidationError`` → 400 naming the field and quoting the value, anything else → 500; the server keeps
+  serving. Bodies are OpenAI's ``{"error": {...}}``, or Ollama's ``{"error": "..."}`` under ``/api/``.
+
+``GET /`` (and ``HEAD /``) answers ``Ollama is running`` as Ollama's root does, so clients that probe it
+connect. ``serve_forever`` runs the app under uvicorn and, on SIGINT/SIGTERM, ends every running
+generation at once (``ServerState.shutdown``) so the process exits within about a second.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from localrun.server.runtime import ClientGone, ServeOptions, ServerState
 log = logging.getLogger("localrun.server")
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "function-after", "function-before"}
-_KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
+_OPEN_PATHS = {"/", "/health"}  # answered without the API key (probes)
+_KNOWN_PATHS = {"/", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
                 "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/api/embed", "/api/embeddings",
                 "/health", "/metrics"}
 
@@ -65,7 +70,8 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
         try:
             yield
         finally:
-            st.close()
+            if not st.close():
+                log.warning("the scheduler is still inside llama_decode; the engine is left open")
 
     app = FastAPI(title="localrun", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.localrun = st
@@ -88,7 +94,7 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
         # pydantic names union branches in the location ("content.str", "stop.list[str]"): keep field names
         loc = ".".join(str(x) for x in first.get("loc", ())
                        if x != "body" and not (isinstance(x, str) and (x in _TYPE_TAGS or "[" in x or "(" in x)))
-        msg = f"{loc or 'body'}: {first.get('msg', 'invalid value')}"
+        msg = f"{loc or 'body'}: {first.get('msg', 'invalid value')}{_quoted_input(first)}"
         return _err(request, 400, error_body(msg, param=loc or None, code="invalid_value"))
 
     @app.exception_handler(HTTPException)
@@ -104,6 +110,11 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
     async def _internal(request: Request, exc: Exception):
         log.exception("unhandled error on %s", request.url.path)
         return _err(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", etype="server_error"))
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        """Ollama's root answer: clients (Open WebUI, ollama-python) probe it to see a server is up."""
+        return Response("Ollama is running", media_type="text/plain")
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
@@ -128,6 +139,35 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
     return app
 
 
+def _quoted_input(err: dict) -> str:
+    """`` (got 'wizard')`` for a validation error on a short scalar value; empty for objects and long text."""
+    if "input" not in err or isinstance(err["input"], (dict, list)):
+        return ""
+    text = repr(err["input"])
+    return f" (got {text})" if len(text) <= 80 else f" (got {text[:77]}...)"
+
+
+def serve_forever(app, host: str, port: int, *, log_level: str = "info", grace_s: float = 1.0) -> None:
+    """Run ``app`` (from ``create_app``) under uvicorn until SIGINT/SIGTERM.
+
+    uvicorn's graceful shutdown waits for open responses, and a streaming generation may run for minutes;
+    so the signal first ends every running and queued generation (ShuttingDownError: an error event in a
+    stream, a 503 otherwise) and stops the scheduler between two ``llama_decode`` calls. Responses still
+    open after ``grace_s`` seconds are cancelled (uvicorn's ``timeout_graceful_shutdown``)."""
+    import uvicorn
+
+    st = app.state.localrun
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            st.shutdown()
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=grace_s)
+    _Server(config).run()
+
+
 def _no_embeddings(engine):
     """/v1/embeddings on a backend without an embedding context (MLX): a 501 that says what to do."""
     from localrun.server.errors import RequestError
@@ -149,7 +189,7 @@ class _Gate:
             return await self.app(scope, receive, send)
         path, method = scope.get("path", ""), scope.get("method", "")
         key = self.st.options.api_key
-        if key and path != "/health" and method != "OPTIONS" and not _authorized(scope, key):
+        if key and path not in _OPEN_PATHS and method != "OPTIONS" and not _authorized(scope, key):
             await _send_json(send, 401, _unauthorized_body(path),
                              [(b"www-authenticate", b'Bearer realm="localrun"')])
             return self._log(scope, method, path, 401, 0.0)
@@ -159,10 +199,11 @@ class _Gate:
         async def send_wrapper(msg):
             if msg["type"] == "http.response.start":
                 status["code"] = msg["status"]
-            await send(msg)
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                # counted before the last bytes go out: a client that reads /metrics next sees its request
                 status["logged"] = True
                 self._log(scope, method, path, status["code"], time.perf_counter() - t0)
+            await send(msg)
 
         try:
             await self.app(scope, receive, send_wrapper)

@@ -46,6 +46,14 @@ def messages_from_openai(msgs) -> list[Message]:
     return out
 
 
+def messages_from_ollama(msgs) -> list[Message]:
+    """Ollama /api/chat messages → ``Message``s. They take everything the OpenAI route takes (an
+    assistant turn with ``content: null`` and ``tool_calls``, text parts, ``developer``); missing content is
+    empty text, as in Ollama."""
+    return [Message(role="system" if m.role == "developer" else m.role, content=_content_text(m.content),
+                    tool_calls=m.tool_calls, name=m.name) for m in msgs]
+
+
 def grammar_for(response_format) -> str | None:
     """``response_format`` → GBNF (llama-cpp-python's JSON_GBNF / json_schema_to_gbnf, a port of
     llama.cpp's examples/json_schema_to_grammar.py). Raises RequestError on a schema it cannot convert."""

@@ -39,8 +39,16 @@ class QueueFullError(LocalrunError):
         self.retry_after_s = retry_after_s
 
 
+class ShuttingDownError(LocalrunError):
+    """The server received SIGINT/SIGTERM: running and queued requests end with this (503)."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down", hint="retry when it is back up")
+
+
 # (status, OpenAI error type, code); the first matching class wins, so subclasses come first.
 _STATUS_BY_TYPE: list[tuple[type, int, str, str | None]] = [
+    (ShuttingDownError, 503, "server_error", "shutting_down"),
     (ContextOverflowError, 400, "invalid_request_error", "context_length_exceeded"),
     (ChatTemplateError, 400, "invalid_request_error", "chat_template_error"),
     (ModelNotFoundError, 404, "invalid_request_error", "model_not_found"),

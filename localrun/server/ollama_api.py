@@ -39,7 +39,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/show")
     async def show(request: Request) -> dict:
-        show = OllamaShowRequest.model_validate(await st.read_json(request, lenient_type=True))
+        show = await st.parse(request, OllamaShowRequest, lenient_type=True)
         name = show.model or show.name
         if name and not st.serves(name):
             raise ModelNotFoundError(name, hint=f"this server serves {st.model_id!r} (GET /api/tags)")
@@ -57,7 +57,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/embed")
     async def embed(request: Request) -> dict:
-        req = OllamaEmbedRequest.model_validate(await st.read_json(request, lenient_type=True))
+        req = await st.parse(request, OllamaEmbedRequest, lenient_type=True)
         inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
         t0 = time.perf_counter()
         vectors, n = await st.embed(request, inputs, "input", truncate=req.truncate)
@@ -66,7 +66,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/embeddings")  # Ollama's older endpoint: one prompt, one vector
     async def embeddings(request: Request) -> dict:
-        req = OllamaEmbedRequest.model_validate(await st.read_json(request, lenient_type=True))
+        req = await st.parse(request, OllamaEmbedRequest, lenient_type=True)
         vectors, _ = await st.embed(request, [req.prompt] if req.prompt else [], "prompt", truncate=req.truncate)
         return {"embedding": vectors[0]}
 
@@ -94,7 +94,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/chat")
     async def chat(request: Request):
-        req = OllamaChatRequest.model_validate(await st.read_json(request, lenient_type=True))
+        req = await st.parse(request, OllamaChatRequest, lenient_type=True)
         if not req.messages:  # Ollama: an empty chat loads the model and returns at once
             return {"model": st.model_id, "created_at": cv.ollama_now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}
@@ -104,7 +104,7 @@ def register(app: FastAPI, st: ServerState) -> None:
             _no_images(m.images)
         if tools and not cv.template_supports_tools(getattr(getattr(st.engine, "_template", None), "source", None)):
             raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
-        msgs = [Message(role=m.role, content=m.content, tool_calls=m.tool_calls) for m in req.messages]
+        msgs = cv.messages_from_ollama(req.messages)
         prompt, tokens = await st.chat_tokens(msgs, tools)
         t0 = time.perf_counter()
         job = await st.start(request, tokens, params)
@@ -149,7 +149,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/generate")
     async def generate(request: Request):
-        req = OllamaGenerateRequest.model_validate(await st.read_json(request, lenient_type=True))
+        req = await st.parse(request, OllamaGenerateRequest, lenient_type=True)
         if not req.prompt and not req.system:
             return {"model": st.model_id, "created_at": cv.ollama_now(), "response": "", "done": True,
                     "done_reason": "load"}

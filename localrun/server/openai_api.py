@@ -29,7 +29,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = ChatCompletionRequest.model_validate(await st.read_json(request))
+        req = await st.parse(request, ChatCompletionRequest)
         messages = cv.messages_from_openai(req.messages)
         tools = _tools(st, req)
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -78,7 +78,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = CompletionRequest.model_validate(await st.read_json(request))
+        req = await st.parse(request, CompletionRequest)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -124,7 +124,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
-        req = EmbeddingRequest.model_validate(await st.read_json(request))
+        req = await st.parse(request, EmbeddingRequest)
         inp = req.input
         if isinstance(inp, str) or (isinstance(inp, list) and inp and isinstance(inp[0], int)):
             inp = [inp]

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -24,6 +27,10 @@ from localrun.server.errors import RequestError
 from localrun.server.scheduler import Job, Scheduler
 
 MiB = 1024 * 1024
+MAX_JSON_DEPTH = 64  # nesting levels a request body may have (OpenAI/Ollama bodies need fewer than 10)
+_MAX_WARNED = 10_000  # (client, field) pairs remembered for the once-per-client unknown-field warning
+
+log = logging.getLogger("localrun.server")
 
 
 class ClientGone(Exception):
@@ -67,6 +74,7 @@ class ServerState:
     def serves(self, name: str) -> bool:
         """Whether ``name`` names the loaded model: its id, Ollama's ``id:latest``, or the file's name.
         (Generation requests accept any ``model``: the server holds one model and answers with it.)"""
+        self._warned: set[tuple[str, str, str]] = set()
         base = os.path.basename(self.engine.model_path.rstrip("/"))
         return name in (self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"))
 
@@ -93,10 +101,24 @@ class ServerState:
             body += part
             if len(body) > limit:
                 raise _too_large(limit)
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"the body is not valid JSON: {e}", code="invalid_json") from None
+        return parse_json_body(bytes(body))
+
+    async def parse(self, request: Request, model, *, lenient_type: bool = False):
+        """The body validated as ``model`` (a schemas.py class); fields it does not know are logged at
+        WARNING, once per client address and field. Raises RequestError, pydantic's ValidationError."""
+        from localrun.server.schemas import unknown_fields
+
+        data = await self.read_json(request, lenient_type=lenient_type)
+        req = model.model_validate(data)
+        client = (request.client.host if request.client else "-")
+        for path, advice in unknown_fields(model, data):
+            key = (client, request.url.path, path)
+            if key in self._warned:
+                continue
+            if len(self._warned) < _MAX_WARNED:
+                self._warned.add(key)
+            log.warning("%s %s: ignored unknown field %r (%s)", client, request.url.path, path, advice)
+        return req
 
     async def chat_tokens(self, messages: list[Message], tools: list[dict] | None = None) -> tuple[str, list[int]]:
         """Render with the chat template and tokenize (in a worker thread). Raises ChatTemplateError,
@@ -147,6 +169,11 @@ class ServerState:
         """Submit a generation and wait until it holds a slot. Raises QueueFullError, the engine's
         LocalrunErrors (context overflow, bad grammar), ClientGone."""
         self.check_params(params)
+        """Resolve ``repeat_last_n = -1`` to the context size (llama.cpp's common/arg.cpp and Ollama: -1 =
+        the whole context; llama_sampler_init_penalties would read it as 0, penalty off); RequestError for a
+        ``logit_bias`` token outside the vocabulary."""
+        if p.repeat_last_n < 0:
+            p.repeat_last_n = self.engine.n_ctx
         job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), tokens=tokens, params=params)
         self.scheduler.submit(job)
         kind, val = await self._next(request, job)
@@ -156,6 +183,10 @@ class ServerState:
 
     async def call(self, request: Request, fn: Callable[[Any], Any]):
         """Run ``fn(engine)`` on the scheduler thread between decode steps; returns its result."""
+        if log.isEnabledFor(logging.DEBUG):
+            client = request.client.host if request.client else "-"
+            log.debug("%s %s: %d prompt tokens, sampling %s", client, request.url.path, len(tokens),
+                      _describe(params))
         job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), fn=fn)
         self.scheduler.submit(job)
         kind, val = await self._next(request, job)
@@ -250,9 +281,16 @@ class ServerState:
             self._embedder = self._embedder_factory(engine)
         return self._embedder
 
-    def close(self) -> None:
-        self.scheduler.stop()
-        if self._embedder is not None:
+    def shutdown(self) -> None:
+        """SIGINT/SIGTERM: end every running and queued request now (ShuttingDownError, 503) and stop the
+        scheduler after the ``llama_decode`` in progress. Safe to call from a signal handler."""
+        self.scheduler.shutdown()
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Stop the scheduler (waiting up to ``timeout_s``) and free the embedding context. → True when
+        the engine is idle and may be closed."""
+        idle = self.scheduler.stop(timeout_s)
+        if idle and self._embedder is not None:
             self._embedder.close()
             self._embedder = None
 
@@ -264,6 +302,7 @@ class _JobStream(StreamingResponse):
         super().__init__(content, **kw)
         self._job = job
         self._scheduler = scheduler
+        return idle
 
     async def __call__(self, scope, receive, send) -> None:
         job, sched = self._job, self._scheduler
@@ -299,3 +338,106 @@ async def _wait_disconnect(receive) -> None:
 
 def _too_large(limit: int) -> RequestError:
     return RequestError(f"the request body is larger than {limit:,} bytes", code="request_too_large", status=413)
+def parse_json_body(body: bytes) -> Any:
+    """A request body → its JSON object. Raises RequestError (400) for anything a strict JSON parser or
+    UTF-8 rejects, naming the field where there is one: malformed JSON or UTF-8, nesting deeper than
+    ``MAX_JSON_DEPTH``, ``NaN``/``Infinity`` or a number out of float range (``1e999``), a string holding a
+    lone UTF-16 surrogate (``"\\ud800"``: valid JSON syntax, but no UTF-8 text), a body that is not an
+    object."""
+    bad: list = []
+
+    def constant(name: str):
+        bad.append(name)
+        return _BadNumber(name)
+
+    def number(text: str):
+        x = float(text)
+        if math.isfinite(x):
+            return x
+        bad.append(text)
+        return _BadNumber(text)
+
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise RequestError(f"the body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
+    try:
+        obj = json.loads(body, parse_constant=constant, parse_float=number)
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the body is not valid UTF-8 (byte {e.start}): send JSON as UTF-8 text",
+                           code="invalid_json") from None
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"the body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise RequestError(f"the body must be a JSON object, got {type(obj).__name__ if obj is not None else 'null'}",
+                           code="invalid_json")
+    if bad or b"\\u" in body:  # a lone surrogate can only come from a \u escape
+        path, why = _first_bad_value(obj, "")
+        if path is not None:
+            raise RequestError(f"{path or 'body'}: {why}", param=path or None, code="invalid_value")
+    return obj
+
+
+class _BadNumber:
+    """Stands in for ``NaN``/``Infinity``/``1e999`` while parsing, so the field holding it can be named."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _first_bad_value(obj: Any, path: str) -> tuple[str | None, str]:
+    """(dotted path, reason) of the first value that is not representable (see ``parse_json_body``)."""
+    if isinstance(obj, _BadNumber):
+        return path, f"{obj.text} is not a JSON number (use a finite number)"
+    if isinstance(obj, str):
+        if _has_surrogate(obj):
+            return path, "the text holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode"
+        return None, ""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        name = str(k).encode("utf-8", "backslashreplace").decode()  # a bad key is named, escaped
+        sub = f"{path}.{name}" if path else name
+        if isinstance(k, str) and _has_surrogate(k):
+            return sub, "the field name holds a lone UTF-16 surrogate, which is not valid Unicode"
+        found = _first_bad_value(v, sub)
+        if found[0] is not None:
+            return found
+    return None, ""
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _depth(body: bytes) -> int:
+    """The deepest ``[``/``{`` nesting in ``body`` outside strings (checked before parsing: ``json.loads``
+    raises RecursionError near 1,000 levels, and pydantic and the checks here recurse too)."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    for ch in _BRACKETS.findall(_STRINGS.sub(b'""', body)):
+        depth += 1 if ch in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _describe(p: SamplingParams) -> str:
+    """The sampling parameters a generation runs with, for the debug log (prompt text left out)."""
+    fields = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "repeat_penalty", "repeat_last_n",
+              "presence_penalty", "frequency_penalty", "ignore_eos", "logprobs")
+    parts = [f"{f}={getattr(p, f)}" for f in fields]
+    if p.stop:
+        parts.append(f"stop={list(p.stop)!r}")
+    if p.logit_bias:
+        parts.append(f"logit_bias={len(p.logit_bias)} tokens")
+    if p.grammar:
+        parts.append("grammar=yes")
+    return " ".join(parts)
+
+

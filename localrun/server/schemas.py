@@ -1,8 +1,12 @@
 """Wire formats the server accepts: OpenAI's (``/v1/...``) and Ollama's (``/api/...``) request bodies.
 
 Pydantic models validate types and ranges; unknown fields are ignored (clients send many we do not use,
-e.g. ``user``, ``store``, ``keep_alive``). Validation failures become a 400 with an OpenAI-style error
-object naming the offending field (see ``app.py``). Responses are built as plain dicts in ``convert.py``.
+e.g. ``user``, ``store``, ``keep_alive``), but ``unknown_fields`` finds them so the server can log a
+warning (a misspelt ``temprature``, Ollama's ``temperature`` outside ``options``). Fields listed in a
+model's ``_ignored`` are known and deliberately unused (logged at debug only). Integers that reach
+llama.cpp's C ``int`` parameters are bounded to ``INT32_MAX``. Validation failures become a 400 with an
+OpenAI-style error object naming the offending field (see ``app.py``). Responses are built as plain dicts
+in ``convert.py``.
 
 Sources: OpenAI API reference (``chat/completions``, ``completions``, ``embeddings``), Ollama
 ``docs/api.md`` and ``api/types.go`` (``Options``: ``num_predict``, ``num_ctx``, ``repeat_last_n``...).
@@ -10,13 +14,18 @@ Sources: OpenAI API reference (``chat/completions``, ``completions``, ``embeddin
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+import difflib
+import typing
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+INT32_MAX = 2**31 - 1  # llama.cpp's sampler parameters (top_k, penalty_last_n) are C ints
 
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    _ignored: ClassVar[frozenset[str]] = frozenset()  # known fields localrun accepts and does not use
 
 
 # ---------------------------------------------------------------------------------------------- OpenAI
@@ -29,6 +38,8 @@ class ChatMessageIn(_Base):
     """One message. ``developer`` is OpenAI's newer name for ``system``; content may be a string or a list
     of text parts (images are not supported by the text-only backends)."""
 
+    _ignored = frozenset({"refusal", "annotations", "audio", "function_call", "reasoning_content", "reasoning",
+                          "thinking"})
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[dict[str, Any]], None] = None
     name: str | None = None
@@ -56,6 +67,7 @@ class StreamOptions(_Base):
 
 
 class JsonSchemaFormat(_Base):
+    _ignored = frozenset({"description"})
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
@@ -67,6 +79,7 @@ class ResponseFormat(_Base):
 
 
 class FunctionDef(_Base):
+    _ignored = frozenset({"strict"})
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -80,17 +93,20 @@ class ToolDef(_Base):
 class _SamplingFields(_Base):
     """Sampling fields shared by chat and text completions (OpenAI names, plus llama.cpp's extras)."""
 
+    _ignored = frozenset({"user", "store", "metadata", "service_tier", "modalities", "audio", "prediction",
+                          "reasoning_effort", "web_search_options", "functions", "function_call", "best_of",
+                          "cache_prompt", "safety_identifier", "prompt_cache_key", "verbosity", "keep_alive"})
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: StrictInt | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)
     seed: StrictInt | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repeat_penalty: float | None = Field(default=None, gt=0)
-    repeat_last_n: StrictInt | None = Field(default=None, ge=-1)
+    repeat_last_n: StrictInt | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: the whole context
     logit_bias: dict[str, float] | None = None
     stop: Union[str, list[str], None] = None
     stream: StrictBool = False
@@ -136,30 +152,35 @@ class EmbeddingRequest(_Base):
 
 # ---------------------------------------------------------------------------------------------- Ollama
 class OllamaOptions(_Base):
-    """``options`` of /api/chat and /api/generate (Ollama api/types.go ``Options``)."""
+    """``options`` of /api/chat and /api/generate (Ollama api/types.go ``Options``). Load-time options
+    (``num_gpu``, ``num_thread``, ``use_mmap``...) are fixed when the server starts and ignored here."""
 
+    _ignored = frozenset({"num_keep", "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "vocab_only",
+                          "use_mmap", "use_mlock", "num_thread", "f16_kv", "logits_all", "embedding_only"})
     num_predict: StrictInt | None = None  # -1 = unlimited
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: StrictInt | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)
     seed: StrictInt | None = None
     stop: list[str] | None = None
     repeat_penalty: float | None = Field(default=None, gt=0)
-    repeat_last_n: StrictInt | None = Field(default=None, ge=-1)
+    repeat_last_n: StrictInt | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: the whole context
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     num_ctx: StrictInt | None = None  # ignored: the context is fixed at load time
 
 
-class OllamaMessage(_Base):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+class OllamaMessage(ChatMessageIn):
+    """An /api/chat message: everything the OpenAI route accepts (``content: null`` with ``tool_calls``,
+    text parts, ``tool_call_id``, ``developer``), plus Ollama's ``images`` and ``thinking``."""
+
     images: list[str] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    thinking: str | None = None
 
 
 class OllamaChatRequest(_Base):
+    _ignored = frozenset({"think", "logprobs", "top_logprobs", "truncate", "shift"})
     model: str | None = None
     messages: list[OllamaMessage] = Field(default_factory=list)
     stream: StrictBool = True
@@ -170,6 +191,7 @@ class OllamaChatRequest(_Base):
 
 
 class OllamaGenerateRequest(_Base):
+    _ignored = frozenset({"think", "template", "logprobs", "top_logprobs", "truncate", "shift"})
     model: str | None = None
     prompt: str = ""
     system: str | None = None
@@ -195,3 +217,53 @@ class OllamaEmbedRequest(_Base):
 class OllamaShowRequest(_Base):
     model: str | None = None
     name: str | None = None  # older clients
+
+
+# ---------------------------------------------------------------------------------------------- unknown fields
+def unknown_fields(model: type[BaseModel], data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Fields of the JSON object ``data`` that ``model`` neither reads nor lists in ``_ignored`` →
+    ``[(path, advice)]``; nested objects and lists of objects are searched (paths like
+    ``options.temprature``, ``messages[].contnet``). ``advice`` says what was probably meant."""
+    if not isinstance(data, dict):
+        return []
+    fields = model.model_fields
+    names = {n for n in fields} | {f.alias for f in fields.values() if f.alias}
+    out = []
+    for key, value in data.items():
+        key = str(key)
+        if key not in names:
+            if key not in model._ignored:
+                out.append((prefix + key, _advice(model, key, names)))
+            continue
+        sub, many = _nested_model(fields[key].annotation) if key in fields else (None, False)
+        if sub is None:
+            continue
+        if many and isinstance(value, list):
+            for item in value:
+                out.extend(unknown_fields(sub, item, f"{prefix}{key}[]."))
+        elif not many:
+            out.extend(unknown_fields(sub, value, f"{prefix}{key}."))
+    return list(dict.fromkeys(out))
+
+
+def _advice(model: type[BaseModel], key: str, names: set[str]) -> str:
+    opts = model.model_fields.get("options")
+    if opts is not None and key in OllamaOptions.model_fields:
+        return f"Ollama reads {key!r} under 'options' ({{\"options\": {{\"{key}\": ...}}}})"
+    close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.75)
+    return f"did you mean {close[0]!r}?" if close else "not a field localrun knows"
+
+
+def _nested_model(annotation) -> tuple[type[BaseModel] | None, bool]:
+    """The BaseModel inside ``annotation`` (``X | None``, ``list[X]``) → (model, is a list)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and args:
+        sub, _ = _nested_model(args[0])
+        return sub, sub is not None
+    for a in args:
+        sub, many = _nested_model(a)
+        if sub is not None:
+            return sub, many
+    return None, False
