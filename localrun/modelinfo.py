@@ -104,26 +104,33 @@ def summary_rows(info: dict, spec=None, entry=None) -> list[list[str]]:
     c = info.get("catalog")
     if c:
         rows.append(["catalog", f"{c.get('family', '')} · license {c.get('license', '?')} · quantizations "
-                                f"{' '.join(c.get('quants') or [])}"])
+                                f"{' '.join(entry.quants if entry else [])}"])
     fit = info["fit"]
     where = fit["machine"]
     if fit["fits"]:
         place = (f"{fit['n_gpu_layers']} GPU layers, VRAM {fmt_bytes(fit['vram_bytes'])}, " if fit["vram_bytes"]
                  else "CPU, ")
+        paged = (f", {fmt_bytes(fit['disk_backed_bytes'])} of weights read from disk every token"
+                 if fit["disk_backed_bytes"] else "")
         rows.append([f"on {where}", f"{fit['quant']} fits: {fit['n_ctx']:,}-token context, {place}RAM "
-                     f"{fmt_bytes(fit['ram_bytes'])}; decode ≈ {fit['decode_tok_s']:.1f} tok/s, prefill ≈ "
-                     f"{fit['prefill_tok_s']:.0f} tok/s ({fit['speed_source'] or 'table'} speeds)"])
+                     f"{fmt_bytes(fit['ram_bytes'])}{paged}; decode ≈ {_rate(fit['decode_tok_s'])} tok/s, prefill ≈ "
+                     f"{_rate(fit['prefill_tok_s'])} tok/s ({fit['speed_source'] or 'table'} speeds)"])
     else:
         rows.append([f"on {where}", f"{fit['quant']} does not fit: " + "; ".join(
             r for r in fit["reasons"] if r.startswith("does not fit")).removeprefix("does not fit: ")])
     for w in fit["warnings"]:
         rows.append(["warning", w])
     rows.append(["quantizations", "  ".join(
-        f"{q} {fmt_bytes(x['weights_bytes'])} " + (f"{x['decode_tok_s']:.0f} tok/s" if x["fits"] else "too big")
+        f"{q} {fmt_bytes(x['weights_bytes'])} " + (f"{_rate(x['decode_tok_s'])} tok/s" if x["fits"] else "too big")
         for q, x in fit["quants"].items())])
     if fit.get("pull_would_choose"):
-        rows.append(["pull would choose", f"{fit['pull_would_choose']}: {fit['reason']}"])
+        rows.append(["pull would choose", fit["reason"]])
     return rows
+
+
+def _rate(tok_s: float) -> str:
+    """A speed as `fit` prints it, with enough digits for a slow one (0.04, 1.3, 22)."""
+    return f"{tok_s:.2f}" if tok_s < 1 else (f"{tok_s:.1f}" if tok_s < 10 else f"{tok_s:.0f}")
 
 
 def server_ps(host: str | None = None, port: int | None = None, timeout_s: float = 3.0,

@@ -111,7 +111,7 @@ def test_calibration_inverts_the_planners_decode_formula(smollm_path):
     save_calibration(plan, vals, spec.name, hw)
     entry = get_measurement("llamacpp", "cpu")
     assert entry["source"] == "bench --calibrate" and entry["decode_bandwidth_gbps"] == vals["decode_bandwidth_gbps"]
-    again = plan_for_run(spec, hw, n_ctx=512)
+    again = plan_for_run(spec, hw, n_ctx=512, measurement=get_measurement("llamacpp", "cpu"))
     assert again.decode_tok_s == pytest.approx(50.0, rel=0.02)
     assert again.prefill_tok_s == pytest.approx(400.0, rel=0.02)
     assert any("measure" in r for r in again.reasons)

@@ -115,12 +115,133 @@ def test_fit_never_imports_backends():
     assert r.returncode == 0, r.stderr
 
 
-def test_hw_measure_is_stored_and_used(smollm_path):
-    from localrun.commands.hw import measure_llamacpp_cpu
-    from localrun.measurements import get_measurement
+class _Meter:
+    """A LoadMeter stand-in reporting a given load (this shared box is never reliably idle or busy)."""
 
-    m = measure_llamacpp_cpu(n_prompt=32, n_decode=8)
-    assert m["decode_bandwidth_gbps"] > 0 and m["prefill_gflops"] > 0
+    def __init__(self, busy: bool):
+        self.busy = busy
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def result(self):
+        return {"steal_frac": 0.3 if self.busy else 0.0, "others_cpu_frac": 0.6 if self.busy else 0.0,
+                "busy": self.busy}
+
+
+def test_hw_measure_is_stored_and_used(smollm_path):
+    from localrun.bench.calibrate import decode_bytes_per_token
+    from localrun.commands.hw import measure_llamacpp_cpu
+    from localrun.errors import LocalrunError
+    from localrun.measurements import get_measurement, planner_measurement
+
+    with pytest.raises(LocalrunError) as ei:  # a busy machine: nothing stored, and the numbers said
+        measure_llamacpp_cpu(n_prompt=32, n_decode=8, meter=_Meter(busy=True))
+    assert "busy" in str(ei.value) and "60%" in str(ei.value) and get_measurement("llamacpp", "cpu") is None
+    m = measure_llamacpp_cpu(n_prompt=32, n_decode=8, meter=_Meter(busy=False))
+    assert m["decode_bandwidth_gbps"] > 0 and m["prefill_gflops"] > 0 and m["load"]["others_cpu_frac"] == 0.0
     assert get_measurement("llamacpp", "cpu")["source"] == "hw --measure"
-    p = plan_for_run(read_gguf(smollm_path), get_preset("laptop-16gb"))
+    spec = read_gguf(smollm_path)
+    p = plan_for_run(spec, get_preset("laptop-16gb"), measurement=planner_measurement())
     assert p.speed_source.startswith("measured") and any("measurement" in r for r in p.reasons)
+    # the stored bandwidth means what bench --calibrate's means: same bytes per token, so re-planning the
+    # measured configuration (1024 tokens, CPU) predicts the measured rate back
+    again = plan_for_run(spec, None, n_ctx=1024, measurement=planner_measurement())
+    bpt = decode_bytes_per_token(spec, again)
+    assert again.decode_tok_s == pytest.approx(m["decode_bandwidth_gbps"] * 1e9 / bpt, rel=0.01)
+    assert plan_for_run(spec, None, n_ctx=1024).speed_source == "table"  # the planner reads no file itself
+
+
+# ------------------------------------------------------------------------------------------------
+# the context the planner chooses (issue 19.4)
+# ------------------------------------------------------------------------------------------------
+
+def _cpu_box(ram_gib: float):
+    """A CPU-only machine like this one (2 cores) with ``ram_gib`` available."""
+    hw = get_preset("laptop-16gb")
+    hw.cpu.physical_cores = 2
+    hw.ram_total_bytes = int(max(ram_gib + 2, 4) * (1 << 30))
+    hw.ram_available_bytes = int(ram_gib * (1 << 30))
+    return hw
+
+
+def test_default_context_is_the_training_context_when_it_fits(smollm_path, gemma_path):
+    g = plan_for_run(read_gguf(gemma_path), _cpu_box(20))
+    assert g.n_ctx == 32768 and g.n_ctx_requested is None  # was min(4096, trained): a 5,000-token prompt refused
+    assert any(r.startswith("context 32768 tokens") and "training context" in r for r in g.reasons)
+    s = plan_for_run(read_gguf(smollm_path), _cpu_box(20), n_parallel=4)
+    assert s.n_ctx == 8192 and s.n_parallel == 4
+    assert plan_for_run(read_gguf(gemma_path), _cpu_box(20), n_ctx=2048).n_ctx == 2048  # --ctx is kept
+
+
+def test_default_context_caps_and_small_machines():
+    e = get_entry("llama-3.1-8b-instruct")  # trained for 131072, 128 KiB of f16 KV per token
+    spec = spec_from_entry(e, "Q4_K_M")
+    cpu = plan_for_run(spec, _cpu_box(60))
+    assert cpu.n_ctx == 32768 and any("capped at 32768 of 131072" in r for r in cpu.reasons)
+    small = plan_for_run(spec, _cpu_box(7))  # 25% of 7 GiB for the KV cache: 8192 tokens (1 GiB)
+    assert small.n_ctx == 8192 and small.kv_cache_bytes <= 0.25 * small.ram_budget_bytes
+    assert any("stays within 25%" in r for r in small.reasons)
+    tiny = plan_for_run(spec, _cpu_box(5.5))
+    assert tiny.n_ctx == 4096 and any("a longer one would cost" in r for r in tiny.reasons)
+    gpu = plan_for_run(spec, get_preset("nvidia-24gb"))  # the longer context never costs GPU layers
+    at_floor = plan_for_run(spec, get_preset("nvidia-24gb"), n_ctx=4096)
+    assert gpu.n_ctx > 4096 and gpu.n_gpu_layers == at_floor.n_gpu_layers and gpu.fits
+    assert gpu.kv_cache_bytes <= 0.25 * gpu.vram_budget_bytes
+
+
+# ------------------------------------------------------------------------------------------------
+# what the plan must say: flash attention, context beyond training, rounding, incomplete files
+# ------------------------------------------------------------------------------------------------
+
+def test_quantized_v_cache_without_flash_attention_is_refused(smollm_path):
+    spec = read_gguf(smollm_path)
+    with pytest.raises(ConfigError) as ei:
+        plan_for_run(spec, None, kv_type="q8_0", flash_attn=False)
+    assert "flash attention" in str(ei.value) and "--kv-type f16" in ei.value.hint
+    # left to the planner with flash attention off, the KV type is never a quantized one
+    tight = _cpu_box(1.5)  # f16 KV (1.4 GiB) + its attention scores do not fit at 65536 tokens; q8_0 does
+    off = plan_for_run(spec, tight, flash_attn=False, n_ctx=65536)
+    assert off.kv_type == "f16" and not off.fits
+    assert plan_for_run(spec, tight, n_ctx=65536).kv_type == "q8_0"  # (with it allowed, q8_0 is chosen)
+    p = plan_for_run(spec, None, kv_type="q8_0")  # AUTO on the CPU: turned on, and said
+    assert p.flash_attn is True and any("flash attention on" in r for r in p.reasons)
+    r = _fit(str(smollm_path), "--kv-type", "q8_0", "--no-flash-attn")
+    assert r.returncode == 9 and "flash attention" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_context_above_training_and_rounding_are_said(smollm_path):
+    spec = read_gguf(smollm_path)
+    p = plan_for_run(spec, None, n_ctx=999999)
+    w = " ".join(p.warnings)
+    assert "training context (8192 tokens)" in w and "122" in w and "--ctx 8192" in w  # 999999 / 8192 = 122.07
+    assert plan_for_run(spec, None, n_ctx=8192).warnings == []
+    q = plan_for_run(spec, None, n_ctx=128)
+    assert q.n_ctx == 256 and any("128 rounded up to 256" in x for x in q.warnings)
+    d = json.loads(_fit(str(smollm_path), "--ctx", "999999", "--json").stdout)
+    assert any("rope" in x.lower() for x in d["warnings"])
+
+
+def test_truncated_file_is_said_by_fit_and_ls(gemma_path, tmp_path, isolated_home):
+    data = gemma_path.read_bytes()
+    cut = isolated_home / "models" / "cut" / "gemma-cut.gguf"
+    cut.parent.mkdir(parents=True)
+    cut.write_bytes(data[: len(data) // 2])
+    r = _fit(str(cut), "--json")
+    d = json.loads(r.stdout)
+    assert d["weights_complete"] is False and any("incomplete" in w for w in d["warnings"])
+    assert json.loads(_fit(str(gemma_path), "--json").stdout)["weights_complete"] is True
+    r = _fit(str(cut))
+    assert "warning:" in r.stdout and "incomplete" in r.stdout
+    from typer.testing import CliRunner
+
+    from localrun.cli import app
+
+    rows = json.loads(CliRunner().invoke(app, ["ls", "--json", "--no-external"]).stdout)
+    row = next(m for m in rows if m["path"].endswith("gemma-cut.gguf"))
+    assert row["complete"] is False and row["quant"] == "Q4_K_M" and "incomplete" in row["problem"]
+    out = CliRunner().invoke(app, ["ls", "--no-external"], env={"COLUMNS": "300"}).stdout
+    assert "incomplete: 50%" in out

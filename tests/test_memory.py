@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from localrun.gguf_info import read_gguf
-from localrun.offload.memory import MiB, kv_cache, model_buffer_bytes, split_weights
+from localrun.offload.memory import (MiB, compute_buffer_bytes, kv_cache, model_buffer_bytes, output_buffer_bytes,
+                                     split_weights)
 from localrun.offload.plan import plan_for_run
 
 KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
@@ -47,6 +48,58 @@ def test_kv_and_model_buffer_equal_llamacpp_report(which, smollm_path, gemma_pat
             assert plan.kv_cache_bytes == kv.bytes
             mb = [m.group(1) for m in map(MODEL_LINE.search, log) if m]
             assert mb == [_mib(model_buffer_bytes(spec))] and model_buffer_bytes(spec) == plan.weights_bytes
+
+
+COMPUTE_LINE = re.compile(r"CPU compute buffer size = +([\d.]+) MiB")
+OUTPUT_LINE = re.compile(r"CPU +output buffer size = +([\d.]+) MiB")
+
+
+@pytest.mark.parametrize("n_parallel", [1, 4, 8])
+def test_every_buffer_against_llamacpp_log_per_parallel(n_parallel, smollm_path):
+    """SmolLM2 at 8192 tokens per sequence, as chat/serve plan it on the CPU (no flash attention): KV per
+    stream, compute buffer (not × sequences: it was planned 692 MB at 4 sequences, llama.cpp reserves
+    166 MiB), logits buffer (× sequences) and the mmapped weights, each against llama.cpp's own line."""
+    from localrun.backends import load_engine
+
+    spec = read_gguf(smollm_path)
+    plan = plan_for_run(spec, None, n_ctx=8192, n_parallel=n_parallel)
+    assert plan.flash_attn is False and not plan.kv_unified
+    eng = load_engine(smollm_path, plan)
+    try:
+        log = eng.load_log
+    finally:
+        eng.close()
+    compute = [float(m.group(1)) for m in map(COMPUTE_LINE.search, log) if m]
+    output = [float(m.group(1)) for m in map(OUTPUT_LINE.search, log) if m]
+    kv = [m.groups() for m in map(KV_LINE.search, log) if m]
+    assert len(compute) == 1 and abs(plan.compute_bytes / 1.02 / MiB - compute[0]) / compute[0] < 0.01, compute
+    assert plan.compute_bytes >= compute[0] * MiB  # the margin is on the safe side
+    assert output == [float(_mib(output_buffer_bytes(spec, n_parallel)))]
+    assert kv and float(kv[0][0]) == float(_mib(plan.kv_cache_bytes)) and kv[0][3] == str(n_parallel)
+    assert [m.group(1) for m in map(MODEL_LINE.search, log) if m] == [_mib(plan.weights_bytes)]
+
+
+def test_compute_buffer_does_not_grow_with_sequences(smollm_path, gemma_path):
+    for path in (smollm_path, gemma_path):
+        spec = read_gguf(path)
+        one = plan_for_run(spec, None, n_ctx=8192, n_parallel=1)
+        for par in (4, 8):
+            p = plan_for_run(spec, None, n_ctx=8192, n_parallel=par)
+            assert p.compute_bytes == one.compute_bytes and p.kv_cache_bytes == par * one.kv_cache_bytes
+    spec = read_gguf(smollm_path)  # a unified cache: attention spans every cell, so it does grow
+    assert compute_buffer_bytes(spec, 4 * 8192, flash_attn=False) > 3 * compute_buffer_bytes(spec, 8192, flash_attn=False)
+
+
+def test_llamacpp_refuses_a_quantized_v_cache_without_flash_attention(smollm_path):
+    """Why the planner refuses --kv-type q8_0 --no-flash-attn: llama.cpp's llama_init_from_model returns
+    NULL for it (it would otherwise have been loaded with flash attention silently on)."""
+    from localrun.backends import load_engine
+    from localrun.errors import BackendError
+    from localrun.offload.plan import Plan
+
+    with pytest.raises(BackendError) as ei:
+        load_engine(smollm_path, Plan(n_ctx=512, kv_type="q8_0", flash_attn=False))
+    assert "flash" in str(ei.value).lower()
 
 
 _RSS = r"""
