@@ -24,6 +24,7 @@ app = typer.Typer(
 # one module per command; each has register(app)
 COMMAND_MODULES = [
     "localrun.commands.chat",
+    "localrun.commands.run",  # after chat: built from chat's options
     "localrun.commands.hw",
     "localrun.commands.inspect",
     "localrun.commands.serve",

@@ -38,7 +38,9 @@ def _token() -> str | None:
 
 
 def _hub_errors(repo: str, what: str):
-    """Context manager turning huggingface_hub / network exceptions into DownloadError with a hint."""
+    """Context manager turning huggingface_hub / network exceptions into LocalrunErrors with a hint:
+    ModelNotFoundError (exit 2) for a repository or file that does not exist, DownloadError (exit 10) for
+    access, network and other hub failures."""
     from contextlib import contextmanager
 
     @contextmanager
@@ -54,13 +56,17 @@ def _hub_errors(repo: str, what: str):
                 hint=f"accept its license at https://huggingface.co/{repo}, create a read token at "
                 "https://huggingface.co/settings/tokens and run `export HF_TOKEN=hf_...`") from None
         except RemoteEntryNotFoundError:
-            raise DownloadError(f"{what} does not exist in {repo}",
-                                hint=f"see the files at https://huggingface.co/{repo}/tree/main") from None
+            from localrun.errors import ModelNotFoundError
+
+            raise ModelNotFoundError(repo, message=f"{what} does not exist in {repo}",
+                                     hint=f"see the files at https://huggingface.co/{repo}/tree/main") from None
         except RevisionNotFoundError:
             raise DownloadError(f"{what}: revision not found in {repo}") from None
-        except RepositoryNotFoundError:
-            raise DownloadError(f"repository {repo} not found (or private)",
-                                hint="check the name; for a private repo set HF_TOKEN") from None
+        except RepositoryNotFoundError:  # a name that resolves to nothing: exit 2, like an unknown catalog name
+            from localrun.errors import ModelNotFoundError
+
+            raise ModelNotFoundError(repo, message=f"repository {repo} not found on the hub (or private)",
+                                     hint="check the name; for a private repo set HF_TOKEN") from None
         except HfHubHTTPError as e:
             raise DownloadError(f"the hub refused {what}: {str(e).strip().splitlines()[0]}") from None
         except OSError as e:

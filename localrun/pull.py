@@ -31,7 +31,7 @@ from localrun.catalog import (UNQUANTIZED, CatalogEntry, estimate_file_bytes, ge
                               quant_from_filename)
 from localrun.download import (SIDECAR_SUFFIX, _check_split_space, _disk_free, _hub_errors, _token,
                                _write_json_atomic, download_file, hub_endpoint, split_parts)
-from localrun.errors import DownloadError
+from localrun.errors import DownloadError, ModelNotFoundError
 
 FIT_MARGIN = 1.2  # the simple rule: file size + 20% must fit in VRAM or RAM
 
@@ -86,7 +86,9 @@ class PullResult:
 # --- references -------------------------------------------------------------------------------
 
 def parse_ref(ref: str) -> PullRef:
-    """A pull argument → ``PullRef``. Raises DownloadError for something that is none of the forms."""
+    """A pull argument → ``PullRef``. Raises ModelNotFoundError (exit 2) for a name the catalog does not
+    have (with "did you mean …?") or a quantization it lists no file for, DownloadError for a malformed
+    hub reference."""
     ref = ref.strip()
     if _HUB_PREFIX.match(ref) or (ref.count("/") >= 1 and not get_entry(ref)):
         rest = _HUB_PREFIX.sub("", ref)
@@ -112,13 +114,15 @@ def parse_ref(ref: str) -> PullRef:
     base, _, quant = ref.partition(":")
     entry = get_entry(base)
     if entry is None:
-        raise DownloadError(
-            f"{base!r} is not in the catalog",
-            hint="`localrun ls --catalog` lists the catalog; any GGUF repo works as hf.co/OWNER/REPO[:QUANT]")
+        from localrun.store import did_you_mean
+
+        raise ModelNotFoundError(ref, message=f"{base!r} is not in the catalog",
+                                 hint=did_you_mean(ref) + "`localrun ls --catalog` lists the catalog; any GGUF "
+                                 "repo works as hf.co/OWNER/REPO[:QUANT]")
     q = normalize_quant(quant) if quant else None
     if q and q not in {k.upper() for k in entry.quants}:
-        raise DownloadError(f"{entry.name} has no {q} in the catalog",
-                            hint=f"available: {', '.join(entry.quants)}; or pull hf.co/OWNER/REPO:{q}")
+        raise ModelNotFoundError(ref, message=f"{entry.name} has no {q} in the catalog",
+                                 hint=f"available: {', '.join(entry.quants)}; or pull hf.co/OWNER/REPO:{q}")
     return PullRef(name=entry.name, quant=q, entry=entry)
 
 
@@ -151,13 +155,15 @@ def candidates(ref: PullRef) -> list[RemoteFile]:
     if ref.repo:
         files = list_repo_ggufs(ref.repo, ref.revision)
         if not files:
-            raise DownloadError(f"{ref.repo} has no .gguf files",
-                                hint="localrun runs GGUF models; look for a -GGUF repository")
+            raise ModelNotFoundError(ref.repo, message=f"{ref.repo} has no .gguf files",
+                                     hint="localrun runs GGUF models; look for a -GGUF repository")
         if ref.quant:
+            have = sorted({f.quant for f in files if f.quant})
             files = [f for f in files if (f.quant or "").upper() == ref.quant]
             if not files:
-                raise DownloadError(f"{ref.repo} has no {ref.quant} file",
-                                    hint=f"see https://huggingface.co/{ref.repo}/tree/main")
+                raise ModelNotFoundError(ref.repo, message=f"{ref.repo} has no {ref.quant} file",
+                                         hint=f"it has {', '.join(have) or 'other files'}: pull "
+                                         f"hf.co/{ref.repo}:QUANT with one of them")
         return files
     entry = ref.entry
     assert entry is not None
@@ -170,7 +176,7 @@ def candidates(ref: PullRef) -> list[RemoteFile]:
     for repo in {f.repo for f in out}:
         try:
             listed = {r.file: r for r in list_repo_ggufs(repo)}
-        except DownloadError:
+        except (DownloadError, ModelNotFoundError):
             continue
         for f in out:
             if f.repo == repo and f.file in listed:
@@ -248,6 +254,10 @@ def pull(ref: str, *, models_dir: Path | None = None, hardware=None, disk_free: 
     """Resolve ``ref``, choose the file (``choose_quant`` when no quant is given), download it into the
     store and write its sidecar. A file already there with the hub's sha256 is not fetched again
     (``status="up-to-date"``) unless ``force``. ``on_plan(file, reason)`` is called before the download.
+
+    Raises ModelNotFoundError (exit 2) when ``ref`` names nothing (an unknown catalog name, a repository,
+    quantization or file the hub does not have) and DownloadError (exit 10) for access, network, checksum
+    and disk-space failures.
     """
     from localrun.config import get_settings
 

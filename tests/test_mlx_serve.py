@@ -41,7 +41,7 @@ def _env(home) -> dict:
 
 # ------------------------------------------------------------------ chat
 def test_one_shot_chat_answers_paris(smollm_path, isolated_home):
-    r = subprocess.run([sys.executable, "-m", "localrun", "chat", str(smollm_path), "--backend", "mlx", "-t", "0",
+    r = subprocess.run([sys.executable, "-m", "localrun", "chat", str(smollm_path), "--backend", "mlx", "--temp", "0",
                         "-n", "24"], input="What is the capital of France?\n", capture_output=True, text=True,
                        env=_env(isolated_home), timeout=300)
     assert r.returncode == 0, r.stderr

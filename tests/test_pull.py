@@ -10,7 +10,7 @@ import pytest
 
 from test_pull_fakehub import FakeHub, sha256_file
 
-from localrun.errors import DownloadError
+from localrun.errors import DownloadError, ModelNotFoundError
 from localrun.hardware import CpuInfo, DiskInfo, GpuInfo, HardwareProfile
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
@@ -55,10 +55,13 @@ def test_parse_ref_forms():
                                                    "bartowski--Qwen_Qwen3-8B-GGUF")
     r = parse_ref("https://huggingface.co/unsloth/gemma-3-1b-it-GGUF/blob/main/gemma-3-1b-it-Q8_0.gguf")
     assert (r.repo, r.file, r.quant) == ("unsloth/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q8_0.gguf", "Q8_0")
-    with pytest.raises(DownloadError) as e:
+    with pytest.raises(ModelNotFoundError) as e:  # exit 2, as the README says for a name that is nothing
         parse_ref("no-such-model")
-    assert "catalog" in e.value.message and e.value.hint
-    with pytest.raises(DownloadError):
+    assert "catalog" in e.value.message and e.value.hint and e.value.exit_code == 2
+    with pytest.raises(ModelNotFoundError) as e:
+        parse_ref("qwen3-8:Q4_K_M")
+    assert e.value.hint.startswith("did you mean qwen3-8b:Q4_K_M")
+    with pytest.raises(ModelNotFoundError):
         parse_ref("smollm2-135m-instruct:Q2_K")
 
 
@@ -204,3 +207,78 @@ def test_split_gguf_pulls_every_part(smollm_path, monkeypatch, tmp_path):
             (folder / "big-Q4_K_M-00002-of-00002.gguf").read_bytes() == data
     finally:
         h.close()
+
+
+# --- the CLI: tidy errors (issue 11.14) and `localrun run` (11.13) --------------------------------------
+
+def _cli(*args, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "localrun", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def _downloads(hub) -> list:
+    return [r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]]
+
+
+@pytest.mark.parametrize("ref,code,needle", [
+    ("no-such-model", 2, "not in the catalog"),                         # README: 2 = model not found
+    ("qwen3-8:Q4_K_M", 2, "did you mean qwen3-8b:Q4_K_M"),
+    ("hf.co/nobody/nothing-GGUF", 2, "repository nobody/nothing-GGUF not found"),
+    (f"hf.co/{REPO}:Q2_K", 2, "has no Q2_K file"),
+])
+def test_cli_pull_errors_are_one_message_and_the_readme_exit_code(hub, ref, code, needle):
+    r = _cli("pull", ref)
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("error: ") and lines[1].startswith("hint: "), lines  # no empty progress bar first
+    assert len(lines) == 2 and needle in r.stderr
+    assert not _downloads(hub)
+
+
+def test_cli_pull_progress_then_result(hub, isolated_home):
+    r = _cli("pull", f"hf.co/{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(f"pulling {REPO}/{FILE}") and "downloaded and verified" in r.stderr
+    assert lines[-1].startswith("run it: localrun chat ")
+
+
+def test_run_off_a_terminal_needs_yes(hub, isolated_home):
+    r = _cli("run", f"hf.co/{REPO}:Q4_1", "-p", "hi")
+    assert r.returncode == 2, r.stderr
+    assert "is not on this machine" in r.stderr and "--yes" in r.stderr and "Traceback" not in r.stderr
+    assert not _downloads(hub) and not list((isolated_home / "models").rglob("*.gguf"))
+
+
+def test_run_asks_on_a_terminal_and_no_downloads_nothing(hub, isolated_home):
+    import sys
+
+    import pexpect
+
+    child = pexpect.spawn(sys.executable, ["-m", "localrun", "run", f"hf.co/{REPO}:Q4_1"], encoding="utf-8",
+                          timeout=120, dimensions=(40, 200))
+    child.expect(r"pulling .*smollm2-135m-instruct-q4_1\.gguf")
+    child.expect(r"download it now\? \[y/N\]")
+    child.sendline("n")
+    child.expect("nothing downloaded")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1
+    assert not _downloads(hub) and not list((isolated_home / "models").rglob("*.gguf"))
+
+
+def test_run_yes_pulls_once_then_chats(hub, isolated_home, smollm_sha):
+    ref = f"hf.co/{REPO}:Q4_1"
+    r = _cli("run", ref, "--yes", "-p", "What is the capital of France?", "--temp", "0", "-n", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "downloaded and verified" not in r.stdout  # stdout: only the answer
+    pulled = list((isolated_home / "models").rglob("*.gguf"))
+    assert len(pulled) == 1 and sha256_file(pulled[0]) == smollm_sha
+    n = len(_downloads(hub))
+    again = _cli("run", ref, "-p", "What is the capital of France?", "--temp", "0", "-n", "8")  # no --yes needed
+    assert again.returncode == 0, again.stderr
+    assert len(_downloads(hub)) == n and again.stdout == r.stdout

@@ -132,7 +132,9 @@ def test_cli_ls_rm_show_ps(isolated_home, gemma_path, other_tools, monkeypatch):
     r = run(app, ["ls", "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
-    assert {m["source"] for m in rows} == {"localrun", "huggingface", "ollama", "lmstudio"}
+    assert {m["source"] for m in rows} == {"embedded", "localrun", "huggingface", "ollama", "lmstudio"}
+    (emb,) = [m for m in rows if m["source"] == "embedded"]  # `ls` lists the default model too
+    assert emb["ref"] == "smollm2-135m-instruct:Q4_1" and Path(emb["path"]).is_file()
     assert any(m["ref"] == "gemma-3-270m:Q4_K_M" for m in rows)
     r = run(app, ["ls"])
     assert "gemma-3-270m:Q4_K_M" in r.stdout and "read-only" in r.stdout
@@ -188,3 +190,18 @@ def test_ps_reads_a_running_server(monkeypatch):
         assert "qwen3-8b:Q4_K_M" in r.stdout and "36 GPU layers" in r.stdout
     finally:
         srv.shutdown()
+
+
+def test_did_you_mean_for_near_miss_names(isolated_home, smollm_path):
+    from localrun.store import resolve_model
+
+    _fake_pull(isolated_home / "models", smollm_path, "my-gemma-finetune", "my-gemma-Q4_K_M.gguf", "Q4_K_M")
+    for typo, expect in (("qwen3-8", "did you mean qwen3-8b"), ("lama3.2", "did you mean llama-3.2-1b-instruct"),
+                         ("my-gema-finetune", "did you mean my-gemma-finetune"),  # a local model, not in the catalog
+                         ("smolm2-135m-instruct", "did you mean smollm2-135m-instruct")):
+        with pytest.raises(ModelNotFoundError) as e:
+            resolve_model(typo)
+        assert e.value.hint.startswith(expect), (typo, e.value.hint)
+    with pytest.raises(ModelNotFoundError) as e:
+        resolve_model("zzzz-nothing-like-it")
+    assert "did you mean" not in e.value.hint

@@ -26,40 +26,68 @@ def pull(
     With no QUANT the planner picks the best quantization for this machine and says why. Gated
     models need HF_TOKEN. An interrupted pull continues where it stopped when run again.
     """
-    from localrun.hardware import fmt_bytes
     from localrun.pull import pull as do_pull
     from localrun.render import print_json, stderr
-
-    err = stderr()
-
-    def on_plan(f, reason):
-        if not json_out:
-            size = f" ({fmt_bytes(f.best_size)})" if f.best_size else ""
-            err.print(f"pulling [bold]{f.repo}/{f.file}[/]{size}: {reason}")
+    from localrun.units import fmt_bytes
 
     if json_out:
-        res = do_pull(model, force=force, on_plan=on_plan)
+        res = do_pull(model, force=force)
         print_json(res.to_dict())
         return
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err, transient=False) as bar:
-        task = bar.add_task("download", total=None)
-
-        def on_progress(done, total):
-            bar.update(task, completed=done, total=total)
-
-        try:
-            res = do_pull(model, force=force, on_plan=on_plan, on_progress=on_progress)
-        except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/]: run the same `localrun pull` again to resume")
-            raise
+    res = pull_with_progress(model, force=force)
+    err = stderr()
     out_verb = {"up-to-date": "already up to date", "resumed": "resumed and verified",
                 "downloaded": "downloaded and verified"}[res.status]
     err.print(f"[green]{out_verb}[/]: {res.path} ({fmt_bytes(res.size_bytes)}, sha256 {(res.sha256 or '?')[:12]}…)")
     err.print(f"run it: localrun chat {res.name}:{res.quant}" if res.quant else f"run it: localrun chat {res.path}")
+
+
+def pull_with_progress(model: str, *, force: bool = False, confirm=None):
+    """`localrun pull`'s download with its plan line and a progress bar on stderr → ``PullResult``.
+
+    The bar appears with the first byte, so an error before the download (an unknown name, a hub that
+    cannot be reached) prints only the error. ``confirm(file)`` is called once the file and its size are
+    known, before any byte; it may raise (``typer.Exit``) to stop. Raises what ``localrun.pull.pull``
+    raises (ModelNotFoundError, DownloadError)."""
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    from localrun.pull import pull as do_pull
+    from localrun.render import stderr
+    from localrun.units import fmt_bytes
+
+    err = stderr()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), console=err, transient=False)
+    task = None
+
+    def on_plan(f, reason):
+        size = f" ({fmt_bytes(f.best_size)})" if f.best_size else ""
+        err.print(f"pulling [bold]{f.repo}/{f.file}[/]{size}: {reason}")
+        if confirm is not None:
+            confirm(f)
+
+    def on_progress(done, total):
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("download", total=total)
+        bar.update(task, completed=done, total=total)
+
+    def stop():  # once, and only if started: Progress.stop() prints a newline off a terminal
+        nonlocal task
+        if task is not None:
+            bar.stop()
+            task = None
+
+    try:
+        return do_pull(model, force=force, on_plan=on_plan, on_progress=on_progress)
+    except KeyboardInterrupt:
+        stop()
+        err.print("[yellow]interrupted[/]: run the same `localrun pull` again to resume")
+        raise
+    finally:
+        stop()
 
 
 def ls(
@@ -96,7 +124,7 @@ def ls(
 
     from localrun.gguf_info import file_status
 
-    models = list_local_models(external=external)
+    models = list_local_models(external=external, embedded=True)
     status = [file_status(m.path) for m in models]  # header only: quant when the name lacks it, completeness
     if json_out:
         print_json([{**m.to_dict(), "quant": m.quant or st["quant"], "complete": st["complete"],
@@ -113,7 +141,7 @@ def ls(
     for c in ("name", "quant", "size", "where", "path"):
         t.add_column(c)
     for m, st in zip(models, status):
-        where = "localrun" if m.source == "localrun" else f"{m.source} (read-only)"
+        where = {"localrun": "localrun", "embedded": "embedded (default)"}.get(m.source, f"{m.source} (read-only)")
         size = fmt_bytes(m.size_bytes) + (f" [red]{st['problem']}[/]" if st["problem"] else "")
         t.add_row(m.ref, m.quant or st["quant"] or "?", size, where, m.path)
     con.print(t)
