@@ -88,8 +88,10 @@ def register(app: typer.Typer) -> None:
             if not raw and not engine.has_chat_template:
                 from localrun.errors import ChatTemplateError
 
+                from localrun.store import display_name
+
                 raise ChatTemplateError(
-                    f"{getattr(engine.spec, 'name', None) or engine.model_path} has no chat template: it is a "
+                    f"{display_name(engine.model_path)} has no chat template: it is a "
                     "base model, and chatting with it "
                     "would produce garbage",
                     hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
