@@ -406,7 +406,28 @@ class _Reader:
             if left:
                 self._need(8 + _U64.unpack_from(self.buf, self.pos)[0] if self.pos + 8 <= len(self.buf) else 8)
 
-    def value(self, vtype: int, key: str, lengths: dict[str, int], offsets: dict[str, int]) -> Any:
+    def strings(self, count: int) -> list[str]:
+        """``count`` length-prefixed UTF-8 strings, with the tight loop of ``skip_strings``."""
+        unpack = _U64.unpack_from
+        out: list[str] = []
+        while len(out) < count:
+            self._need(8)
+            buf, pos, end = self.buf, self.pos, len(self.buf)
+            while len(out) < count and pos + 8 <= end:
+                n = unpack(buf, pos)[0]
+                if pos + 8 + n > end:
+                    break
+                out.append(buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
+                pos += 8 + n
+            self.pos = pos
+            if len(out) < count:
+                if self.pos + 8 <= len(self.buf) and _U64.unpack_from(self.buf, self.pos)[0] > self.file_bytes:
+                    raise ModelFormatError(self.path, "string length is larger than the file")
+                self._need(8 + _U64.unpack_from(self.buf, self.pos)[0] if self.pos + 8 <= len(self.buf) else 8)
+        return out
+
+    def value(self, vtype: int, key: str, lengths: dict[str, int], offsets: dict[str, int],
+              skip: frozenset[str] | set[str] = frozenset(_SKIP_ARRAYS)) -> Any:
         if vtype in _SCALAR:
             return self.unpack(_SCALAR[vtype])
         if vtype == _STRING:
@@ -415,7 +436,7 @@ class _Reader:
             itype = self.unpack("<I")
             count = self.unpack("<Q")
             lengths[key] = count
-            if key in _SKIP_ARRAYS:
+            if key in skip:
                 if itype == _STRING:
                     offsets[key] = self.tell()
                     self.skip_strings(count)
@@ -430,15 +451,17 @@ class _Reader:
                 data = self.raw(size * count)
                 return list(struct.unpack(f"<{count}{fmt[1]}", data))
             if itype == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             raise ModelFormatError(self.path, f"unsupported array item type {itype} in {key}")
         raise ModelFormatError(self.path, f"unknown value type {vtype} for key {key}")
 
 
-def read_gguf(path: str | os.PathLike) -> ModelSpec:
-    """Parse a GGUF file's header and tensor table.
+def read_gguf(path: str | os.PathLike, *, all_arrays: bool = False) -> ModelSpec:
+    """Parse a GGUF file's header and tensor table — localrun's one GGUF metadata parser.
 
     Reads only the header (a few MB at most for a 150k-token vocabulary); tensor data is never read.
+    The vocabulary arrays (``tokenizer.ggml.tokens/scores/token_type/merges``) are kept only as counts
+    unless ``all_arrays`` (the MLX backend rebuilds a tokenizer from them: lists of str / int / float).
 
     Raises:
         ModelNotFoundError: ``path`` does not exist or is a directory.
@@ -467,12 +490,13 @@ def read_gguf(path: str | os.PathLike) -> ModelSpec:
         if n_tensors > 1_000_000 or n_kv > 1_000_000:
             raise ModelFormatError(spath, "implausible tensor/key counts; the header is corrupt")
         metadata: dict[str, Any] = {}
+        skip = frozenset() if all_arrays else frozenset(_SKIP_ARRAYS)
         lengths: dict[str, int] = {}
         offsets: dict[str, int] = {}
         for _ in range(n_kv):
             key = r.string()
             vtype = r.unpack("<I")
-            metadata[key] = r.value(vtype, key, lengths, offsets)
+            metadata[key] = r.value(vtype, key, lengths, offsets, skip)
         tensors: list[TensorInfo] = []
         for _ in range(n_tensors):
             name = r.string()

@@ -65,6 +65,8 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     kwargs: dict = {"chat_template": template}
     if spec is not None:
         kwargs["spec"] = spec
+    if backend == "mlx":
+        kwargs.update(hardware=hw, force=force)  # the MLX memory guardrail uses this probe, not a second one
     engine = load_engine(path, plan, **kwargs)
     return Loaded(engine=engine, spec=spec, plan=plan, hardware=hw, backend_reason=reason)
 

@@ -77,3 +77,20 @@ def test_empty_and_corrupt_header(tmp_path):
     v.write_bytes(b"GGUF" + struct.pack("<IQQ", 9, 0, 0))
     with pytest.raises(ModelFormatError, match="version"):
         read_gguf(v)
+
+
+def test_one_parser_reads_the_vocabulary_for_mlx(smollm_path):
+    """gguf_info is the only GGUF metadata parser: with ``all_arrays`` it returns the vocabulary the MLX
+    backend builds its tokenizer from, equal to the gguf package's reader."""
+    import gguf
+
+    from localrun.backends.mlx_gguf import read_metadata
+
+    md = read_metadata(str(smollm_path))
+    ref = gguf.GGUFReader(str(smollm_path))
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        f = ref.fields[key]
+        assert md[key] == [bytes(f.parts[i]).decode() for i in f.data], key
+    f = ref.fields["tokenizer.ggml.token_type"]
+    assert md["tokenizer.ggml.token_type"] == [int(f.parts[i][0]) for i in f.data]
+    assert read_gguf(smollm_path).metadata["tokenizer.ggml.tokens"] is None  # counted only, by default

@@ -80,9 +80,12 @@ def test_guardrail_refuses_with_numbers_on_a_small_mac(deepseek_header_path):
 
 def test_kv_estimate_counts_sliding_window_layers(gemma_path):
     spec = read_gguf(gemma_path)
-    full = choice.mlx_kv_bytes(spec, 32768)
+    from localrun.offload.memory import mlx_kv_bytes
+
+    full = mlx_kv_bytes(spec, 32768)
     # 18 layers, 1 KV head, d=256: 3 global layers hold 32768 tokens, 15 SWA layers hold 512
     assert full == (3 * 32768 + 15 * 512) * 1 * 512 * 2
+    assert choice.mlx_memory_need(Plan(backend="mlx", n_ctx=32768), spec)["kv_bytes"] == full  # one formula
 
 
 def test_prepare_sets_wired_limit_only_with_metal(smollm_path, monkeypatch):
@@ -113,3 +116,23 @@ def test_metal_device_info_to_gpu():
 
     if not mx.metal.is_available():
         assert choice.gpu_from_mlx(real) is None
+
+
+def test_mlx_load_uses_the_callers_hardware_probe(smollm_path, monkeypatch):
+    """loading.load_model probes once and hands the profile to the MLX engine's guardrail (it probed again)."""
+    pytest.importorskip("mlx.core")
+    import localrun.hardware as hardware
+    from localrun.loading import load_model
+
+    calls = []
+    real = hardware.probe_hardware
+    monkeypatch.setattr(hardware, "probe_hardware", lambda *a, **k: calls.append(1) or real(*a, **k))
+    seen = []
+    real_prepare = choice.prepare_mlx_memory
+    monkeypatch.setattr(choice, "prepare_mlx_memory",
+                        lambda plan, spec, hw, **k: seen.append(hw) or real_prepare(plan, spec, hw, **k))
+    loaded = load_model(str(smollm_path), backend="mlx", n_ctx=256)
+    try:
+        assert len(calls) == 1 and seen == [loaded.hardware]
+    finally:
+        loaded.engine.close()

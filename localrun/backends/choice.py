@@ -27,11 +27,6 @@ from pathlib import Path
 
 from localrun.errors import BackendUnavailableError, ConfigError, InsufficientMemoryError
 
-# compute buffers and activations on top of weights + KV (measured peaks of mlx-lm with small
-# prompt chunks stay under ~5% of the weights; at least 256 MiB)
-COMPUTE_MARGIN_FRAC = 0.05
-COMPUTE_MARGIN_MIN_BYTES = 256 << 20
-
 
 def is_mlx_folder(path: str | os.PathLike) -> bool:
     """A directory with config.json and at least one *.safetensors (the mlx-community layout)."""
@@ -85,40 +80,15 @@ def _apple(hardware) -> bool:
     return bool(hardware is not None and getattr(hardware, "is_apple_silicon", False))
 
 
-def mlx_kv_bytes(config_or_spec, n_ctx: int, bytes_per_el: int = 2) -> int:
-    """KV-cache bytes of mlx-lm's cache for one sequence of ``n_ctx`` tokens: per layer
-    ``n_kv_heads × (d_k + d_v) × tokens × bytes`` (fp16/bf16), sliding-window layers holding at most
-    ``window`` tokens (mlx_lm/models/cache.py: KVCache, RotatingKVCache)."""
-    s = config_or_spec
-    if isinstance(s, dict):
-        n_layer = int(s.get("num_hidden_layers", 0))
-        n_head = int(s.get("num_attention_heads", 1))
-        n_kv = int(s.get("num_key_value_heads") or n_head)
-        hd = int(s.get("head_dim") or int(s.get("hidden_size", 0)) // max(1, n_head))
-        window = int(s.get("sliding_window") or 0)
-        pattern = int(s.get("sliding_window_pattern") or 0)
-        swa = [bool(window and pattern and (i + 1) % pattern) for i in range(n_layer)]
-        per_layer = [(n_kv, hd, hd)] * n_layer
-    else:
-        n_layer = s.n_layer
-        window = s.sliding_window or 0
-        swa = list(s.swa_layers) if window else [False] * n_layer
-        kvs = s.n_head_kv_per_layer or [s.n_head_kv] * n_layer
-        per_layer = [(kvs[i], s.head_dim_k, s.head_dim_v) for i in range(n_layer)]
-    total = 0
-    for i, (kv, dk, dv) in enumerate(per_layer):
-        toks = min(n_ctx, window) if i < len(swa) and swa[i] else n_ctx
-        total += kv * (dk + dv) * toks * bytes_per_el
-    return total
-
-
 def mlx_memory_need(plan, spec=None, folder: str | None = None) -> dict[str, int]:
-    """{weights_bytes, kv_bytes, compute_bytes, total_bytes} the MLX backend needs for ``plan``."""
+    """{weights_bytes, kv_bytes, compute_bytes, total_bytes} the MLX backend needs for ``plan``: the
+    planner's MLX formulas (``offload.memory.mlx_weight_bytes`` / ``mlx_kv_bytes`` / ``mlx_memory``)
+    applied to a GGUF ``spec``, an MLX ``folder`` (safetensors sizes + config.json), or the plan alone."""
     import json
 
-    if spec is not None:
-        from localrun.backends.mlx_gguf import mlx_weight_bytes
+    from localrun.offload.memory import mlx_kv_bytes, mlx_memory, mlx_weight_bytes
 
+    if spec is not None:
         weights = mlx_weight_bytes(spec)
         kv = mlx_kv_bytes(spec, int(plan.n_ctx))
     elif folder is not None:
@@ -131,9 +101,7 @@ def mlx_memory_need(plan, spec=None, folder: str | None = None) -> dict[str, int
             kv = 0
     else:
         weights, kv = int(plan.weights_bytes), int(plan.kv_cache_bytes)
-    compute = max(COMPUTE_MARGIN_MIN_BYTES, int(weights * COMPUTE_MARGIN_FRAC))
-    return {"weights_bytes": weights, "kv_bytes": kv, "compute_bytes": compute,
-            "total_bytes": weights + kv + compute}
+    return mlx_memory(weights, kv)
 
 
 def check_mlx_memory(plan, spec, hardware, *, folder: str | None = None, force: bool = False) -> int | None:

@@ -28,10 +28,8 @@ config.json + model.safetensors + tokenizer files that ``mlx_lm.load`` reloads.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +42,11 @@ SUPPORTED_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen
                    "gemma3": "gemma3_text"}
 # tensor types mx.load reads from a GGUF without changing the weights (mlx/io/gguf.cpp)
 NATIVE_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
-# bits of MLX affine quantization used when re-quantizing a ggml type
-REQUANT_BITS = {"Q2_K": 2, "Q3_K": 3, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
-                "Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "IQ2_XXS": 2, "IQ2_XS": 2, "IQ2_S": 2,
-                "IQ3_XXS": 3, "IQ3_S": 3, "IQ4_NL": 4, "IQ4_XS": 4, "IQ1_S": 2, "IQ1_M": 2, "TQ1_0": 2,
-                "TQ2_0": 2}
-GROUP_SIZE = 32
+# bits of MLX affine quantization per ggml type, and the group size: the planner's table (offload/memory.py)
+from localrun.offload.memory import MLX_BITS as REQUANT_BITS  # noqa: E402
+from localrun.offload.memory import MLX_GROUP_SIZE as GROUP_SIZE  # noqa: E402
+from localrun.offload.memory import mlx_weight_bytes  # noqa: E402,F401  (re-exported)
+
 _ROWS_PER_CHUNK = 16384  # rows dequantized at once (bounds the float32 copy: 16384 × n_embd × 4 bytes)
 
 _LAYER_MAP = {
@@ -98,73 +95,14 @@ def loads_natively(spec) -> bool:
     return spec.arch in SUPPORTED_ARCHS and all(t.type_name in NATIVE_TYPES for t in spec.tensors)
 
 
-def mlx_weight_bytes(spec) -> int:
-    """Bytes the weights take in MLX: native types as stored in MLX (packed + fp16 scale/bias per 32),
-    others at ``REQUANT_BITS`` bits + 4 bytes of scale/bias per ``GROUP_SIZE`` weights; floats as stored."""
-    total = 0
-    for t in spec.tensors:
-        n = t.n_elements
-        if t.type_name in ("F32", "F16", "BF16") or len(t.shape) < 2:
-            total += t.n_bytes
-        else:
-            bits = REQUANT_BITS.get(t.type_name, 8)
-            total += n * bits // 8 + n // GROUP_SIZE * 4
-    return total
-
-
 # ------------------------------------------------------------------------------------------ metadata
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
-
-
 def read_metadata(path: str) -> dict[str, Any]:
-    """All GGUF key/values, arrays included (gguf_info skips the vocab; the tokenizer needs it).
+    """All GGUF key/values, the vocabulary arrays included (the tokenizer needs them): ``gguf_info``'s
+    parser with ``all_arrays`` (string arrays as lists of str, numeric arrays as lists). Raises
+    ModelFormatError on a corrupt header."""
+    from localrun.gguf_info import read_gguf
 
-    Numeric arrays come back as numpy arrays, string arrays as lists. ~0.3 s for a 262k-token vocab
-    (``gguf.GGUFReader`` takes ~30 s on the same file). Raises ModelFormatError on a corrupt header."""
-    import numpy as np
-
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        try:
-            if m[:4] != b"GGUF":
-                raise ModelFormatError(path, "bad magic")
-            n_kv = struct.unpack_from("<Q", m, 16)[0]
-            pos = 24
-            out: dict[str, Any] = {}
-
-            def string(p):
-                n = struct.unpack_from("<Q", m, p)[0]
-                return m[p + 8:p + 8 + n].decode("utf-8", errors="replace"), p + 8 + n
-
-            for _ in range(n_kv):
-                key, pos = string(pos)
-                vtype = struct.unpack_from("<I", m, pos)[0]
-                pos += 4
-                if vtype in _SCALAR:
-                    out[key] = struct.unpack_from(_SCALAR[vtype], m, pos)[0]
-                    pos += struct.calcsize(_SCALAR[vtype])
-                elif vtype == 8:
-                    out[key], pos = string(pos)
-                elif vtype == 9:
-                    itype, count = struct.unpack_from("<IQ", m, pos)
-                    pos += 12
-                    if itype == 8:
-                        items = []
-                        for _ in range(count):
-                            s, pos = string(pos)
-                            items.append(s)
-                        out[key] = items
-                    elif itype in _NP:
-                        dt = np.dtype(_NP[itype])
-                        out[key] = np.frombuffer(m, dtype=dt, count=count, offset=pos).copy()
-                        pos += dt.itemsize * count
-                    else:
-                        raise ModelFormatError(path, f"unsupported array type in {key}")
-                else:
-                    raise ModelFormatError(path, f"unknown value type {vtype} for {key}")
-        except (struct.error, ValueError, IndexError) as e:
-            raise ModelFormatError(path, f"corrupt header ({e})") from None
-    return out
+    return read_gguf(path, all_arrays=True).metadata
 
 
 # ------------------------------------------------------------------------------------------ config

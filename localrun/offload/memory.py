@@ -276,3 +276,68 @@ def model_host_overhead_bytes(spec: ModelSpec) -> int:
     """Anonymous memory a loaded model keeps besides weights (vocab tables), empirical (see constants)."""
     return MODEL_HOST_BASE_BYTES + MODEL_HOST_BYTES_PER_TOKEN * spec.vocab_size
 
+
+
+# ------------------------------------------------------------------------------------------------
+# MLX (mlx-lm): weights as MLX stores them, its KV cache, a compute margin
+# ------------------------------------------------------------------------------------------------
+
+MLX_GROUP_SIZE = 32  # MLX affine quantization group (localrun's GGUF conversion, backends/mlx_gguf.py)
+# bits of MLX affine quantization a ggml type becomes (natively for Q4_0/Q4_1/Q8_0, re-quantized otherwise)
+MLX_BITS = {"Q2_K": 2, "Q3_K": 3, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
+            "Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "IQ2_XXS": 2, "IQ2_XS": 2, "IQ2_S": 2,
+            "IQ3_XXS": 3, "IQ3_S": 3, "IQ4_NL": 4, "IQ4_XS": 4, "IQ1_S": 2, "IQ1_M": 2, "TQ1_0": 2,
+            "TQ2_0": 2}
+# compute buffers and activations on top of weights + KV (measured peaks of mlx-lm with small prompt
+# chunks stay under ~5% of the weights; at least 256 MiB)
+MLX_COMPUTE_FRAC = 0.05
+MLX_COMPUTE_MIN_BYTES = 256 * MiB
+
+
+def mlx_weight_bytes(spec: ModelSpec) -> int:
+    """Bytes the weights of a GGUF take in MLX: floats and 1-D tensors as stored; quantized matrices at
+    ``MLX_BITS`` bits + an fp16 scale and bias (4 bytes) per ``MLX_GROUP_SIZE`` weights
+    (mlx ``mlx/io/gguf_quants.cpp`` for the native types; ``mx.quantize`` for the others)."""
+    total = 0
+    for t in spec.tensors:
+        n = t.n_elements
+        if t.type_name in ("F32", "F16", "BF16") or len(t.shape) < 2:
+            total += t.n_bytes
+        else:
+            total += n * MLX_BITS.get(t.type_name, 8) // 8 + n // MLX_GROUP_SIZE * 4
+    return total
+
+
+def mlx_kv_bytes(config_or_spec, n_ctx: int, bytes_per_el: int = 2) -> int:
+    """KV-cache bytes of mlx-lm's cache for one sequence of ``n_ctx`` tokens: per layer
+    ``n_kv_heads × (d_k + d_v) × tokens × bytes`` (fp16/bf16), sliding-window layers holding at most
+    ``window`` tokens (mlx_lm/models/cache.py: KVCache, RotatingKVCache). ``config_or_spec``: a
+    ModelSpec, or an MLX folder's config.json dict."""
+    s = config_or_spec
+    if isinstance(s, dict):
+        n_layer = int(s.get("num_hidden_layers", 0))
+        n_head = int(s.get("num_attention_heads", 1))
+        n_kv = int(s.get("num_key_value_heads") or n_head)
+        hd = int(s.get("head_dim") or int(s.get("hidden_size", 0)) // max(1, n_head))
+        window = int(s.get("sliding_window") or 0)
+        pattern = int(s.get("sliding_window_pattern") or 0)
+        swa = [bool(window and pattern and (i + 1) % pattern) for i in range(n_layer)]
+        per_layer = [(n_kv, hd, hd)] * n_layer
+    else:
+        n_layer = s.n_layer
+        window = s.sliding_window or 0
+        swa = list(s.swa_layers) if window else [False] * n_layer
+        kvs = s.n_head_kv_per_layer or [s.n_head_kv] * n_layer
+        per_layer = [(kvs[i], s.head_dim_k, s.head_dim_v) for i in range(n_layer)]
+    total = 0
+    for i, (kv, dk, dv) in enumerate(per_layer):
+        toks = min(n_ctx, window) if i < len(swa) and swa[i] else n_ctx
+        total += kv * (dk + dv) * toks * bytes_per_el
+    return total
+
+
+def mlx_memory(weights_bytes: int, kv_bytes: int) -> dict[str, int]:
+    """{weights_bytes, kv_bytes, compute_bytes, total_bytes} MLX needs (compute: the margin above)."""
+    compute = max(MLX_COMPUTE_MIN_BYTES, int(weights_bytes * MLX_COMPUTE_FRAC))
+    return {"weights_bytes": weights_bytes, "kv_bytes": kv_bytes, "compute_bytes": compute,
+            "total_bytes": weights_bytes + kv_bytes + compute}
