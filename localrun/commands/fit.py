@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
         ctx: Optional[int] = typer.Option(None, "--ctx", "--ctx-size", "-c", help="Context per sequence, tokens."),
         parallel: int = typer.Option(1, "--parallel", "-np", help="Sequences decoded together (serve)."),
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
-        flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", help="Flash attention."),
+        flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa", help="Flash attention."),
         vram: Optional[str] = typer.Option(None, "--vram", help="Describe another machine: GPU memory, e.g. 24GiB."),
         ram: Optional[str] = typer.Option(None, "--ram", help="System RAM, e.g. 64GiB."),
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name, e.g. 'RTX 4090' or 'Apple M3 Max'."),
