@@ -3,13 +3,14 @@
 Off a terminal (a pipe, a log file, a test's captured output) Rich would hard-wrap every printed line at
 80 columns, cutting paths and hints in the middle of a name. These consoles soft-wrap instead: one
 logical line stays one line. Tables still lay out at the console's width (soft wrap would cut
-their cells short).
+their cells short), which off a terminal is 200 columns unless COLUMNS says otherwise.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 
@@ -29,8 +30,14 @@ def _console_class():
     return LineConsole
 
 
+PIPE_WIDTH = 200  # columns for tables off a terminal (Rich's default, 80, cuts names and paths short)
+
+
 def _console(**kwargs):
-    return _console_class()(highlight=False, **kwargs)
+    con = _console_class()(highlight=False, **kwargs)
+    if not con.is_terminal and not os.environ.get("COLUMNS"):
+        con.width = PIPE_WIDTH  # tables take only the width they need; COLUMNS still wins
+    return con
 
 
 def stdout():

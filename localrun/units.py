@@ -31,7 +31,8 @@ def parse_bytes(text: str, *, flag: str = "size") -> int:
     byte count of at least 1 MiB (``25769803776``). ``flag`` names the option in the error message.
 
     Raises SizeError (a ConfigError, exit 9, and a ValueError) with a hint for anything else, in
-    particular a bare number below 1 MiB (``--vram 24`` would be 24 bytes: the hint suggests ``24GiB``).
+    particular a bare number below 1 MiB (``--vram 24`` would be 24 bytes: the hint suggests ``24GiB``;
+    ``--ram 16384`` suggests ``16384MiB``).
     """
     from localrun.errors import SizeError
 
@@ -41,7 +42,7 @@ def parse_bytes(text: str, *, flag: str = "size") -> int:
                           hint="give a number and a unit, e.g. 24GiB, 16GB, 512MiB")
     num, unit, suffix = float(m.group(1)), m.group(2), m.group(3)
     if not unit and not suffix and num < MIN_BARE_BYTES:
-        guess = f"{m.group(1)}GiB"
+        guess = m.group(1) + ("MiB" if num >= 1024 else "GiB")  # 24 → 24GiB; 16384 → 16384MiB
         raise SizeError(f"{flag}: {text!r} has no unit, and as bytes it is too small to mean anything",
                           hint=f"did you mean {guess}? Sizes take a unit: GiB (or GB, G), MiB, TiB")
     return int(num * _UNITS[unit])

@@ -37,6 +37,12 @@ def test_error_and_hint_are_one_unwrapped_line_each_when_piped(tmp_path):
     assert len(lines[0]) > 80
 
 
+def test_tables_are_not_cut_to_80_columns_when_piped(smollm_path):
+    r = run("ls")  # the embedded model is listed, and its ref and path come out whole
+    assert r.returncode == 0, r.stderr
+    assert "smollm2-135m-instruct:Q4_1" in r.stdout and str(smollm_path) in r.stdout and "embedded" in r.stdout
+
+
 # --- 12.6: typer.Exit's code survives cli.main ------------------------------------------------------
 
 def test_main_keeps_typer_exit_code():
@@ -162,6 +168,8 @@ def test_parse_bytes_refuses_with_a_hint(text):
         parse_bytes(text, flag="--vram")
     assert e.value.message.startswith("--vram") and e.value.hint
     assert isinstance(e.value, ValueError)  # callers that catch ValueError keep working
+    if text == "16384":
+        assert "did you mean 16384MiB?" in e.value.hint  # a bare number ≥ 1024 reads as MiB, not GiB
 
 
 def test_units_and_hardware_share_the_formatter():
