@@ -53,8 +53,7 @@ class ChatSession:
         return self._system_messages() + self.messages
 
     def prompt_tokens(self, messages: list[Message]) -> int:
-        text = self.engine.apply_chat_template(messages)
-        return len(self.engine.tokenize(text, add_special=True, parse_special=True))
+        return len(self.engine.tokenize_chat(messages)[1])
 
     @property
     def reserve_tokens(self) -> int:

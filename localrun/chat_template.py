@@ -193,15 +193,34 @@ def chat_prompt_tokens(template: "ChatTemplate | None", model_path: str, message
                            tools=tools)
         return text, tokenize(text, add_special=True, parse_special=True)
     parts = template.render_parts(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    text = "".join(t for t, _ in parts)
     ids: list[int] = []
-    first = True
-    for text, is_content in parts:
-        if text:
-            ids += tokenize(text, add_special=first, parse_special=not is_content)
+    first, clean = True, True
+    for part, is_content in parts:
+        if part:
+            ids += tokenize(part, add_special=first, parse_special=not is_content)
             first = False
+            if is_content and clean:
+                clean = tokenize(part, add_special=False, parse_special=True) == \
+                    tokenize(part, add_special=False, parse_special=False)
     if first:  # an empty prompt: let the tokenizer add BOS
-        ids = tokenize("", add_special=True, parse_special=False)
-    return "".join(t for t, _ in parts), ids
+        return text, tokenize("", add_special=True, parse_special=False)
+    if clean:
+        # no message holds control-token text: one pass over the whole text gives the tokens the model
+        # was trained on (BPE merges across a part's edge, e.g. "\n" + "  x"), once it is checked to have
+        # the same control tokens, in the same order, as the split pass (none formed across an edge)
+        whole = tokenize(text, add_special=True, parse_special=True)
+        ctl = _control_ids(parts, tokenize)
+        if [t for t in whole if t in ctl] == [t for t in ids if t in ctl]:
+            return text, whole
+    return text, ids
+
+
+def _control_ids(parts: list[tuple[str, bool]], tokenize) -> set[int]:
+    """Ids that the template's own text yields only with special-token parsing (its control tokens)."""
+    lit = "".join(t for t, is_content in parts if not is_content)
+    return set(tokenize(lit, add_special=False, parse_special=True)) - \
+        set(tokenize(lit, add_special=False, parse_special=False))
 
 
 def _as_dict(m) -> dict:

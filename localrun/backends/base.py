@@ -122,8 +122,17 @@ class Engine(Protocol):
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str: ...
 
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Iterator[Chunk]:
-        """Complete raw text (or tokens). Raises ContextOverflowError when the prompt does not fit."""
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True, parse_special_in_content: bool = False
+                      ) -> tuple[str, list[int]]:
+        """Render with the chat template → (prompt text, token ids); message text is never read as
+        control tokens (unless ``parse_special_in_content``)."""
+        ...
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
+                 parse_special: bool = True) -> Iterator[Chunk]:
+        """Complete raw text (or tokens); control-token text in a raw prompt becomes control tokens unless
+        ``parse_special=False``. Raises ContextOverflowError when the prompt does not fit."""
         ...
 
     def chat(self, messages: Sequence[Message], params: SamplingParams,

@@ -183,6 +183,18 @@ class LlamaCppEngine:
         return render_chat(self._template, self.model_path, messages,
                            add_generation_prompt=add_generation_prompt, tools=tools)
 
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True, parse_special_in_content: bool = False
+                      ) -> tuple[str, list[int]]:
+        """Render ``messages`` with the chat template → (prompt text, token ids). Only the template's own
+        markers become control tokens; message text is always tokenised as text (see
+        ``chat_template.chat_prompt_tokens``). Raises ChatTemplateError."""
+        from localrun.chat_template import chat_prompt_tokens
+
+        return chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
+                                  add_generation_prompt=add_generation_prompt, tools=tools,
+                                  parse_special_in_content=parse_special_in_content)
+
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams):
         """llama.cpp sampler chain for ``p`` (see ``llamacpp_sampling.make_sampler``)."""
@@ -390,19 +402,25 @@ class LlamaCppEngine:
                             bytes=list(piece), top=[(self.detokenize([t]), v) for t, v in top])
 
     # ------------------------------------------------------------------ single-stream API
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Iterator[Chunk]:
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
+                 parse_special: bool = True) -> Iterator[Chunk]:
         """Stream a completion of ``prompt`` on slot 0 (reusing its cached prefix).
 
-        Closing the generator early (Ctrl-C, a client gone) stops decoding; the KV of what was decoded
-        stays cached for the next turn.
+        A raw text prompt is the caller's own format: control-token text in it (``<|im_end|>``) becomes
+        the control token, as in llama-server and llama-cpp-python; ``parse_special=False`` reads it as
+        text. Closing the generator early (Ctrl-C, a client gone) stops decoding; the KV of what was
+        decoded stays cached for the next turn.
         """
-        tokens = self.tokenize(prompt, add_special=True, parse_special=False) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            tokens = self.tokenize(prompt, add_special=True, parse_special=parse_special)
+        else:
+            tokens = list(prompt)
         return self._run(tokens, params)
 
     def chat(self, messages: Sequence[Message], params: SamplingParams,
              tools: list[dict] | None = None) -> Iterator[Chunk]:
-        text = self.apply_chat_template(messages, tools=tools)
-        tokens = self.tokenize(text, add_special=True, parse_special=True)
+        """Render with the chat template (message text stays text: ``tokenize_chat``), then generate."""
+        _, tokens = self.tokenize_chat(messages, tools=tools)
         return self._run(tokens, params)
 
     def _run(self, tokens: list[int], params: SamplingParams) -> Iterator[Chunk]:

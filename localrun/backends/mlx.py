@@ -234,6 +234,18 @@ class MlxEngine:
         return render_chat(self._template, self.model_path, messages,
                            add_generation_prompt=add_generation_prompt, tools=tools)
 
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True, parse_special_in_content: bool = False
+                      ) -> tuple[str, list[int]]:
+        """Render ``messages`` with the chat template → (prompt text, token ids). Only the template's own
+        markers become control tokens; message text is always tokenised as text (see
+        ``chat_template.chat_prompt_tokens``). Raises ChatTemplateError."""
+        from localrun.chat_template import chat_prompt_tokens
+
+        return chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
+                                  add_generation_prompt=add_generation_prompt, tools=tools,
+                                  parse_special_in_content=parse_special_in_content)
+
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams):
         """``sample(logprobs [1, vocab], key) -> token [1]`` in llama.cpp's order (top-k, top-p, min-p on
@@ -295,18 +307,23 @@ class MlxEngine:
         self._cache, self._cache_tokens = None, []
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Iterator[Chunk]:
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
+                 parse_special: bool = True) -> Iterator[Chunk]:
         """Stream a completion of ``prompt`` (text or token ids), reusing the cached prefix.
 
-        Raises ContextOverflowError (prompt does not fit ``n_ctx``) when iterated. Closing the generator
-        early stops decoding; the engine stays usable."""
-        tokens = self.tokenize(prompt, add_special=True, parse_special=False) if isinstance(prompt, str) else list(prompt)
+        Control-token text in a raw text prompt (``<|im_end|>``) becomes the control token, as in
+        llama-server; ``parse_special=False`` reads it as text. Raises ContextOverflowError (prompt does
+        not fit ``n_ctx``). Closing the generator early stops decoding; the engine stays usable."""
+        if isinstance(prompt, str):
+            tokens = self.tokenize(prompt, add_special=True, parse_special=parse_special)
+        else:
+            tokens = list(prompt)
         return self._start(tokens, params)
 
     def chat(self, messages: Sequence[Message], params: SamplingParams,
              tools: list[dict] | None = None) -> Iterator[Chunk]:
-        text = self.apply_chat_template(messages, tools=tools)
-        return self._start(self.tokenize(text, add_special=True, parse_special=True), params)
+        """Render with the chat template (message text stays text: ``tokenize_chat``), then generate."""
+        return self._start(self.tokenize_chat(messages, tools=tools)[1], params)
 
     def _start(self, tokens: list[int], params: SamplingParams) -> Iterator[Chunk]:
         if not tokens:

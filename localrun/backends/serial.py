@@ -104,6 +104,10 @@ class SerialEngine:
         with self._tok_lock:
             return self.engine.tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    def tokenize_chat(self, messages, **kw) -> tuple[str, list[int]]:
+        with self._tok_lock:
+            return self.engine.tokenize_chat(messages, **kw)
+
     def kv_cells_used(self) -> int:
         """Tokens whose KV the wrapped engine holds (its one cache)."""
         cached = getattr(self.engine, "_cache_tokens", None)

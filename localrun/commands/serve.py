@@ -94,6 +94,8 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
         force: bool = typer.Option(False, "--force", help="Load even when the plan says it does not fit."),
         log_prompts: bool = typer.Option(False, "--log-prompts", help="Include prompt text in the request log."),
+        parse_special_in_content: bool = typer.Option(False, "--parse-special-in-content", help="Read control-token text in chat messages (e.g. <|im_end|>) as control tokens. Off: message text is always text, so a message cannot end its own turn. Only for trusted clients."),
+        parse_special_in_prompt: bool = typer.Option(True, "--parse-special-in-prompt/--no-parse-special-in-prompt", help="Raw prompts (/v1/completions, /api/generate with raw) may hold control tokens written as text (<|im_start|>), as in llama-server."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
@@ -123,7 +125,8 @@ def register(app: typer.Typer) -> None:
                    kv_type=kv_type, flash_attn=flash_attn,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    max_body_bytes=max_body_bytes,
-                   cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level)
+                   cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
+                   parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt)
 
 
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
@@ -151,7 +154,8 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
 
 def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
                cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
-               flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024) -> None:
+               flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
+               parse_special_in_content: bool = False, parse_special_in_prompt: bool = True) -> None:
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -169,6 +173,8 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
                            cors_origins=list(cors_origins),
                            log_prompts=log_prompts, max_queue=max_queue, max_body_bytes=max_body_bytes, plan=plan,
                            hardware=hw)
+    options.parse_special_in_content = parse_special_in_content
+    options.parse_special_in_prompt = parse_special_in_prompt
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host

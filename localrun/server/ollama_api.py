@@ -159,7 +159,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         context = st.check_token_ids(req.context or [], "context")
         if req.raw or not st.engine.has_chat_template:
             prompt = (req.system + "\n\n" if req.system and not req.raw else "") + req.prompt
-            new = await st.text_tokens(prompt)
+            new = await st.text_tokens(prompt, raw=req.raw)
         else:
             msgs = ([Message("system", req.system)] if req.system and not context else []) + [Message("user", req.prompt)]
             prompt, new = await st.chat_tokens(msgs)

@@ -47,6 +47,10 @@ class ServeOptions:
     log_prompts: bool = False
     max_queue: int = 64
     max_body_bytes: int = 8 * MiB
+    # message text is tokenised as text; True lets control-token text in it become control tokens (unsafe)
+    parse_special_in_content: bool = False
+    # raw prompts (/v1/completions, /api/generate raw) are the client's own format: markers become tokens
+    parse_special_in_prompt: bool = True
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
 
@@ -121,13 +125,14 @@ class ServerState:
         return req
 
     async def chat_tokens(self, messages: list[Message], tools: list[dict] | None = None) -> tuple[str, list[int]]:
-        """Render with the chat template and tokenize (in a worker thread). Raises ChatTemplateError,
-        ContextOverflowError."""
+        """Render with the chat template and tokenize (in a worker thread): only the template's markers
+        become control tokens, message text stays text (unless ``--parse-special-in-content``). Raises
+        ChatTemplateError, ContextOverflowError."""
         eng = self.engine
 
         def work():
-            text = eng.apply_chat_template(messages, tools=tools)
-            return text, eng.tokenize(text, add_special=True, parse_special=True)
+            return eng.tokenize_chat(messages, tools=tools,
+                                     parse_special_in_content=self.options.parse_special_in_content)
 
         text, tokens = await run_in_threadpool(work)
         self.check_fits(tokens)
@@ -141,13 +146,17 @@ class ServerState:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{n - 1})", param=param)
         return list(ids)
 
-    async def text_tokens(self, prompt, param: str = "prompt") -> list[int]:
-        """A raw prompt (text or token ids) → tokens. Raises RequestError on bad ids, ContextOverflowError."""
+    async def text_tokens(self, prompt, param: str = "prompt", *, raw: bool = True) -> list[int]:
+        """A prompt (text or token ids) → tokens. A ``raw`` text prompt is the client's own format: its
+        control-token text (``<|im_end|>``) becomes control tokens, as in llama-server (off with
+        ``--no-parse-special-in-prompt``); ``raw=False`` (text that a template would have wrapped) is
+        always plain text. Raises RequestError on bad ids, ContextOverflowError."""
         eng = self.engine
         if isinstance(prompt, list):
             tokens = self.check_token_ids(prompt, param)
         else:
-            tokens = await run_in_threadpool(eng.tokenize, prompt, add_special=True, parse_special=False)
+            special = raw and self.options.parse_special_in_prompt
+            tokens = await run_in_threadpool(eng.tokenize, prompt, add_special=True, parse_special=special)
         self.check_fits(tokens, param)
         return tokens
 
