@@ -39,8 +39,8 @@ def default_model_path() -> Path:
 def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     """MODEL argument → path of a GGUF file (or an MLX model folder).
 
-    Order: an existing path (a folder through ``resolve_folder``); the embedded default; a pulled model by catalog name or ``name:QUANT``
-    (the most recent pull when several quants are there); any store file whose stem matches; a GGUF
+    Order: an existing path (a folder through ``resolve_folder``); the embedded default; a pulled model
+    by catalog name or ``name:QUANT`` (the most recent pull when several quants are there); any store file whose stem matches; a GGUF
     found read-only in the Hugging Face cache (``OWNER/REPO[:QUANT]``, or a catalog ``name[:QUANT]``
     whose source file is cached), Ollama (``model:tag``) or LM Studio (``PUBLISHER/REPO[:QUANT]``).
 

@@ -270,3 +270,45 @@ def test_fit_and_inspect_show_the_display_name(smollm_path):
     assert r.stdout.splitlines()[0].startswith("SmolLM2-135M-Instruct.Q4_1 on ")
     r = run("inspect", str(smollm_path), env={"COLUMNS": "200"})
     assert "SmolLM2-135M-Instruct.Q4_1" in r.stdout and "Smollm2 135M" not in r.stdout
+
+
+def test_serve_and_ps_show_the_same_name_as_fit(tmp_path, smollm_path):
+    """A folder holding SmolLM2 served: /v1/models, /api/ps and `localrun ps` all say the file's name, as
+    `fit` does for the same folder."""
+    import socket
+    import time
+
+    import httpx
+
+    one = tmp_path / "one"
+    _link(smollm_path, one / smollm_path.name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", str(one), "--port", str(port),
+                             "--parallel", "1", "--ctx", "256", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240  # an upper bound for loading on a busy 2-core box, not a speed assert
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            assert time.time() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        fit_title = run("fit", str(one)).stdout.split(" on ", 1)[0]
+        assert fit_title == "SmolLM2-135M-Instruct.Q4_1"
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == [fit_title]
+        ps = run("ps", "--json", "--port", str(port))
+        assert [m["name"] for m in json.loads(ps.stdout)["models"]] == [fit_title], ps.stdout
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
