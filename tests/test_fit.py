@@ -245,3 +245,16 @@ def test_truncated_file_is_said_by_fit_and_ls(gemma_path, tmp_path, isolated_hom
     assert row["complete"] is False and row["quant"] == "Q4_K_M" and "incomplete" in row["problem"]
     out = CliRunner().invoke(app, ["ls", "--no-external"], env={"COLUMNS": "300"}).stdout
     assert "incomplete: 50%" in out
+
+
+def test_chat_and_serve_load_the_chosen_context(gemma_path):
+    """load_model (chat/serve/bench) without --ctx gets Gemma-3's 32,768-token training context from
+    llama.cpp, so a 5,000-token prompt is no longer refused (RSS against the plan: test_memory.py)."""
+    from localrun.loading import load_model
+
+    ld = load_model(str(gemma_path))
+    try:
+        assert ld.engine.n_ctx == ld.plan.n_ctx == 32768 > 5000
+        assert any(r.startswith("context 32768 tokens") for r in ld.plan.reasons)
+    finally:
+        ld.engine.close()

@@ -184,7 +184,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
         fits = False
     # --- speed ---
     meas = measurement
-    tiers = {"cpu": S.cpu_tier(hw, meas) if hw is not None else S.Tier("cpu", 20.0, 100.0)}
+    tiers = {"cpu": S.cpu_tier(hw, meas)}
     if gpu is not None:
         tiers["gpu"] = S.gpu_tier(gpu)
     tiers["disk"] = S.disk_tier(hw.disk.kind if hw is not None and hw.disk else None)

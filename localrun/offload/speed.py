@@ -58,7 +58,11 @@ def gpu_tier(gpu) -> Tier:
 
 
 def cpu_tier(hw, measurement: dict | None = None) -> Tier:
-    """CPU/DRAM tier. Apple Silicon's CPU reads the same unified memory as its GPU (≈ 60% of it)."""
+    """CPU/DRAM tier. Apple Silicon's CPU reads the same unified memory as its GPU (≈ 60% of it).
+    ``hw`` None (no machine described): 20 GB/s, 100 GFLOP/s, unless ``measurement`` gives them."""
+    if hw is None:
+        tier = Tier("cpu", 20.0, 100.0)
+        return _measured(tier, measurement) if measurement else tier
     apple = [g for g in hw.gpus if g.unified]
     if apple:
         bw = gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"] * 0.6
@@ -68,12 +72,16 @@ def cpu_tier(hw, measurement: dict | None = None) -> Tier:
     simd = next((s for s in ("AVX512F", "AVX2", "NEON") if s in hw.cpu.simd), "")
     tier = Tier("cpu", bw * EFFICIENCY["cpu"],
                 CPU_GFLOPS_PER_CORE[simd] * max(1, hw.cpu.physical_cores) * EFFICIENCY["compute_cpu"])
-    if measurement:
-        if measurement.get("decode_bandwidth_gbps"):
-            tier.bandwidth_gbps = float(measurement["decode_bandwidth_gbps"])
-        if measurement.get("prefill_gflops"):
-            tier.gflops = float(measurement["prefill_gflops"])
-        tier.source = f"measured ({measurement.get('source', 'measurements.json')}, {measurement.get('when', '?')})"
+    return _measured(tier, measurement) if measurement else tier
+
+
+def _measured(tier: Tier, measurement: dict) -> Tier:
+    """``tier`` with a measurements.json entry's bandwidth and compute in place of the table's."""
+    if measurement.get("decode_bandwidth_gbps"):
+        tier.bandwidth_gbps = float(measurement["decode_bandwidth_gbps"])
+    if measurement.get("prefill_gflops"):
+        tier.gflops = float(measurement["prefill_gflops"])
+    tier.source = f"measured ({measurement.get('source', 'measurements.json')}, {measurement.get('when', '?')})"
     return tier
 
 
