@@ -221,11 +221,11 @@ def test_unknown_fields_are_logged_once_per_client(http, caplog):
                                                         "user": "known and unused"})
             assert r.status_code == 200
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    top = [w for w in warnings if "/api/chat" in w and "'temperature'" in w]
+    top = [w for w in warnings if "/api/chat" in w and "field 'temperature'" in w]
     assert len(top) == 1 and "options" in top[0], warnings
-    nested = [w for w in warnings if "/api/chat" in w and "'options.temprature'" in w]
+    nested = [w for w in warnings if "/api/chat" in w and "field 'options.temprature'" in w]
     assert len(nested) == 1 and "did you mean 'temperature'" in nested[0], warnings
-    oa = [w for w in warnings if "/v1/chat/completions" in w and "'temprature'" in w]
+    oa = [w for w in warnings if "/v1/chat/completions" in w and "field 'temprature'" in w]
     assert len(oa) == 1 and "did you mean 'temperature'" in oa[0], warnings
     assert not any("'user'" in w for w in warnings)  # OpenAI's own field: known, deliberately unused
 

@@ -102,8 +102,6 @@ def register(app: typer.Typer) -> None:
         and Ollama (/api/chat, /api/generate, /api/tags, /api/show, /api/ps) wire formats, with continuous
         batching, prefix caching, /health and Prometheus /metrics.
 
-        With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the
-        queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501
         A request without max_tokens (or with more than the context has room for) generates until the
         model stops, a stop string matches, or the sequence's context (--ctx) is full: then it ends with
         finish_reason "length".
@@ -111,20 +109,22 @@ def register(app: typer.Typer) -> None:
         --parallel requests run at once and --max-queue more wait; past that the server answers 503.
         Ctrl-C (SIGINT) or SIGTERM ends running generations and exits at once.
 
+        With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the
+        queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501
         (embeddings need the llama.cpp backend)."""
         from localrun.config import get_settings
         from localrun.errors import ConfigError
 
         if log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown --log-level {log_level!r}", hint="use debug, info, warning or error")
+        max_body_bytes = parse_max_body(max_body)
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
-        max_body_bytes = parse_max_body(max_body)
         check_port_free(settings.host, settings.port)
         run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue, backend=backend,
+                   max_body_bytes=max_body_bytes,
                    kv_type=kv_type, flash_attn=flash_attn,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
-                   max_body_bytes=max_body_bytes,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt)
 
@@ -188,5 +188,10 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     try:
         serve_forever(app, settings.host, settings.port, log_level=log_level.lower())
     finally:
-        if st.scheduler.idle:  # never free the context under a llama_decode still running
+        if st.scheduler.idle:
             engine.close()
+        else:  # still inside a llama_decode: freeing the context (or the exit's C++ destructors) under it
+            import os  # could crash, so leave at once, as the interrupted command we are (exit 130)
+
+            logging.getLogger("localrun.server").warning("exiting during a llama_decode (it did not end in time)")
+            os._exit(130)

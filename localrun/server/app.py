@@ -152,11 +152,14 @@ def serve_forever(app, host: str, port: int, *, log_level: str = "info", grace_s
 
     uvicorn's graceful shutdown waits for open responses, and a streaming generation may run for minutes;
     so the signal first ends every running and queued generation (ShuttingDownError: an error event in a
-    stream, a 503 otherwise) and stops the scheduler between two ``llama_decode`` calls. Responses still
-    open after ``grace_s`` seconds are cancelled (uvicorn's ``timeout_graceful_shutdown``)."""
+    stream, a 503 otherwise) and stops the scheduler between two ``llama_decode`` calls (a prefill one is
+    cut short between graph nodes by ``engine.interrupt``). Responses still open after ``grace_s`` seconds
+    are cancelled (uvicorn's ``timeout_graceful_shutdown``), and the app waits at most ``grace_s`` for
+    the scheduler: afterwards ``app.state.localrun.scheduler.idle`` says whether the engine may be closed."""
     import uvicorn
 
     st = app.state.localrun
+    st.close_wait_s = grace_s
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:

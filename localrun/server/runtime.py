@@ -74,11 +74,12 @@ class ServerState:
         self.started_s = time.time()
         self._embedder_factory = embedder_factory
         self._embedder = None
+        self._warned: set[tuple[str, str, str]] = set()
+        self.close_wait_s = 10.0  # how long close() waits for a llama_decode in progress (serve: ~1 s)
 
     def serves(self, name: str) -> bool:
         """Whether ``name`` names the loaded model: its id, Ollama's ``id:latest``, or the file's name.
         (Generation requests accept any ``model``: the server holds one model and answers with it.)"""
-        self._warned: set[tuple[str, str, str]] = set()
         base = os.path.basename(self.engine.model_path.rstrip("/"))
         return name in (self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"))
 
@@ -169,6 +170,11 @@ class ServerState:
                                        "at start (--ctx)")
 
     def check_params(self, p: SamplingParams) -> None:
+        """Resolve ``repeat_last_n = -1`` to the context size (llama.cpp's common/arg.cpp and Ollama: -1 =
+        the whole context; llama_sampler_init_penalties would read it as 0, penalty off); RequestError for a
+        ``logit_bias`` token outside the vocabulary."""
+        if p.repeat_last_n < 0:
+            p.repeat_last_n = self.engine.n_ctx
         bad = [t for t in p.logit_bias if not 0 <= t < self.engine.n_vocab]
         if bad:
             raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary", param="logit_bias")
@@ -178,11 +184,10 @@ class ServerState:
         """Submit a generation and wait until it holds a slot. Raises QueueFullError, the engine's
         LocalrunErrors (context overflow, bad grammar), ClientGone."""
         self.check_params(params)
-        """Resolve ``repeat_last_n = -1`` to the context size (llama.cpp's common/arg.cpp and Ollama: -1 =
-        the whole context; llama_sampler_init_penalties would read it as 0, penalty off); RequestError for a
-        ``logit_bias`` token outside the vocabulary."""
-        if p.repeat_last_n < 0:
-            p.repeat_last_n = self.engine.n_ctx
+        if log.isEnabledFor(logging.DEBUG):
+            client = request.client.host if request.client else "-"
+            log.debug("%s %s: %d prompt tokens, sampling %s", client, request.url.path, len(tokens),
+                      _describe(params))
         job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), tokens=tokens, params=params)
         self.scheduler.submit(job)
         kind, val = await self._next(request, job)
@@ -192,10 +197,6 @@ class ServerState:
 
     async def call(self, request: Request, fn: Callable[[Any], Any]):
         """Run ``fn(engine)`` on the scheduler thread between decode steps; returns its result."""
-        if log.isEnabledFor(logging.DEBUG):
-            client = request.client.host if request.client else "-"
-            log.debug("%s %s: %d prompt tokens, sampling %s", client, request.url.path, len(tokens),
-                      _describe(params))
         job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), fn=fn)
         self.scheduler.submit(job)
         kind, val = await self._next(request, job)
@@ -295,13 +296,14 @@ class ServerState:
         scheduler after the ``llama_decode`` in progress. Safe to call from a signal handler."""
         self.scheduler.shutdown()
 
-    def close(self, timeout_s: float = 10.0) -> bool:
-        """Stop the scheduler (waiting up to ``timeout_s``) and free the embedding context. → True when
-        the engine is idle and may be closed."""
-        idle = self.scheduler.stop(timeout_s)
+    def close(self) -> bool:
+        """Stop the scheduler (waiting up to ``close_wait_s`` for a ``llama_decode`` in progress) and free
+        the embedding context. → True when the engine is idle and may be closed."""
+        idle = self.scheduler.stop(self.close_wait_s)
         if idle and self._embedder is not None:
             self._embedder.close()
             self._embedder = None
+        return idle
 
 
 class _JobStream(StreamingResponse):
@@ -311,7 +313,6 @@ class _JobStream(StreamingResponse):
         super().__init__(content, **kw)
         self._job = job
         self._scheduler = scheduler
-        return idle
 
     async def __call__(self, scope, receive, send) -> None:
         job, sched = self._job, self._scheduler
@@ -345,8 +346,6 @@ async def _wait_disconnect(receive) -> None:
             return
 
 
-def _too_large(limit: int) -> RequestError:
-    return RequestError(f"the request body is larger than {limit:,} bytes", code="request_too_large", status=413)
 def parse_json_body(body: bytes) -> Any:
     """A request body → its JSON object. Raises RequestError (400) for anything a strict JSON parser or
     UTF-8 rejects, naming the field where there is one: malformed JSON or UTF-8, nesting deeper than
@@ -450,3 +449,5 @@ def _describe(p: SamplingParams) -> str:
     return " ".join(parts)
 
 
+def _too_large(limit: int) -> RequestError:
+    return RequestError(f"the request body is larger than {limit:,} bytes", code="request_too_large", status=413)

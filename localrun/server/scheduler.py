@@ -78,6 +78,7 @@ class Scheduler:
         self._calls: deque[Job] = deque()
         self._running: list[Job] = []
         self._n_taken = 0  # slots held by admitted generations (changed under the lock)
+        self._in_step = False  # inside engine.step (set under the lock, so shutdown interrupts only a real step)
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -97,6 +98,9 @@ class Scheduler:
             self._calls.clear()
             self.metrics.queue_depth.set(0)
             self._cond.notify_all()
+            interrupt = getattr(self.engine, "interrupt", None)
+            if self._in_step and interrupt is not None:
+                interrupt()  # a prefill llama_decode returns between two graph nodes (llama_set_abort_callback)
         for job in jobs:
             if not job.finished:
                 job.cancelled = True
@@ -162,6 +166,9 @@ class Scheduler:
                     break
             try:
                 self._iteration()
+            except KeyboardInterrupt:  # engine.interrupt() from shutdown() cut a prefill short
+                if self._stop:
+                    break
             except Exception as e:  # never let the thread die: fail what is running, keep serving
                 log.exception("scheduler iteration failed")
                 err = e if isinstance(e, LocalrunError) else BackendError(f"internal error: {e}")
@@ -177,14 +184,25 @@ class Scheduler:
             m.generations.labels("cancelled").inc()
         self._run_calls()
         self._admit()
-        if self._running and not self._stop:  # a shutdown stops between two decodes
-            gens = {id(j.gen): j for j in self._running}
-            events = eng.step([j.gen for j in self._running])
-            now = time.perf_counter()
-            for gen, chunk in events:
-                job = gens[id(gen)]
-                self._deliver(job, chunk, now)
+        if self._running:
+            self._step()
         m.kv_cells_used.set(eng.kv_cells_used())
+
+    def _step(self) -> None:
+        """One ``engine.step`` for the running jobs, its chunks delivered; nothing after ``shutdown()``."""
+        with self._cond:
+            if self._stop:  # a shutdown stops between two decodes
+                return
+            self._in_step = True
+        try:
+            gens = {id(j.gen): j for j in self._running}
+            events = self.engine.step([j.gen for j in self._running])
+        finally:
+            with self._cond:
+                self._in_step = False
+        now = time.perf_counter()
+        for gen, chunk in events:
+            self._deliver(gens[id(gen)], chunk, now)
 
     def _release(self, job: Job, *, keep_kv: bool) -> None:
         """Free ``job``'s sequence and update the gauges (before anything is handed to the client)."""
