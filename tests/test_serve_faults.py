@@ -294,3 +294,28 @@ def test_ollama_chat_takes_an_openai_style_tool_history(http):
     assert ol.json()["done"] is True
     # both routes rendered the same prompt: the Ollama request found all of it in the prefix cache
     assert ol.json()["prompt_eval_count"] == 1
+
+
+# ------------------------------------------------------------------------------------------- 19.7
+def test_max_tokens_past_the_context_runs_to_its_end(http):
+    """No ``max_tokens``, or more than the context has room for: the generation runs until the sequence's
+    context is full and ends with ``length`` (README and `serve --help` say so). ``ignore_eos`` keeps the
+    model from stopping first; a long prompt leaves a short way to the end."""
+    prompt = "hello " * (N_CTX - 40)
+    for extra in ({"max_tokens": 100_000}, {}):
+        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}],
+                                                    "ignore_eos": True, "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        assert u["prompt_tokens"] + u["completion_tokens"] == N_CTX, u
+
+
+def test_serve_help_says_how_long_a_generation_runs():
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "localrun", "serve", "--help"], capture_output=True, text=True,
+                         env=dict(os.environ, COLUMNS="200"), timeout=120).stdout
+    assert "without max_tokens" in out and 'finish_reason "length"' in out and "--max-body" in out

@@ -102,15 +102,15 @@ def register(app: typer.Typer) -> None:
         and Ollama (/api/chat, /api/generate, /api/tags, /api/show, /api/ps) wire formats, with continuous
         batching, prefix caching, /health and Prometheus /metrics.
 
-        A request without max_tokens (or with more than the context has room for) generates until the
-        model stops, a stop string matches, or the sequence's context (--ctx) is full: then it ends with
+        A request without max_tokens (or with more than the context has room for) generates until the \
+        model stops, a stop string matches, or the sequence's context (--ctx) is full: then it ends with \
         finish_reason "length".
 
-        --parallel requests run at once and --max-queue more wait; past that the server answers 503.
+        --parallel requests run at once and --max-queue more wait; past that the server answers 503. \
         Ctrl-C (SIGINT) or SIGTERM ends running generations and exits at once.
 
-        With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the
-        queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501
+        With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the \
+        queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501 \
         (embeddings need the llama.cpp backend)."""
         from localrun.config import get_settings
         from localrun.errors import ConfigError
