@@ -126,7 +126,8 @@ def test_signal_during_a_stream_exits_within_2s(tmp_path, smollm_path, sig):
     assert len(seen) < 2000  # cancelled, not run to its end
     # the stream was ended, not cut: the client got an error event that says why (or at least [DONE])
     assert seen[-1] == "data: [DONE]" and any("shutting down" in s for s in seen), seen[-3:]
-    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM)
+    # Ctrl-C ends the server normally (as uvicorn and `ollama serve` do); SIGTERM ends it by that signal
+    assert proc.returncode == (0 if sig == signal.SIGINT else -signal.SIGTERM)
 
 
 def test_sigterm_during_a_long_prefill_exits_within_2s(tmp_path, smollm_path):

@@ -191,7 +191,7 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
         if st.scheduler.idle:
             engine.close()
         else:  # still inside a llama_decode: freeing the context (or the exit's C++ destructors) under it
-            import os  # could crash, so leave at once, as the interrupted command we are (exit 130)
+            import os  # could crash, so leave at once
 
             logging.getLogger("localrun.server").warning("exiting during a llama_decode (it did not end in time)")
-            os._exit(130)
+            os._exit(0)

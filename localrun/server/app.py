@@ -148,7 +148,8 @@ def _quoted_input(err: dict) -> str:
 
 
 def serve_forever(app, host: str, port: int, *, log_level: str = "info", grace_s: float = 1.0) -> None:
-    """Run ``app`` (from ``create_app``) under uvicorn until SIGINT/SIGTERM.
+    """Run ``app`` (from ``create_app``) under uvicorn until SIGINT (returns) or SIGTERM (uvicorn re-raises
+    it after the shutdown: the process ends by that signal).
 
     uvicorn's graceful shutdown waits for open responses, and a streaming generation may run for minutes;
     so the signal first ends every running and queued generation (ShuttingDownError: an error event in a
@@ -168,7 +169,10 @@ def serve_forever(app, host: str, port: int, *, log_level: str = "info", grace_s
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=grace_s)
-    _Server(config).run()
+    try:
+        _Server(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled; like uvicorn.run, end normally
+        pass
 
 
 def _no_embeddings(engine):
