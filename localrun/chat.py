@@ -117,9 +117,7 @@ class ChatSession:
                 if chunk.finish_reason:
                     self.last_stats = chunk.stats
                     finished = True
-                    if chunk.finish_reason == "length" and chunk.stats and \
-                            chunk.stats.n_ctx_used + 1 >= chunk.stats.n_ctx:
-                        self.notices.append("the answer stopped because the context window is full")
+                    self._note_finish(chunk)
                 yield chunk
         finally:
             # keep the turn even when interrupted (Ctrl-C): the user saw this text
@@ -127,6 +125,24 @@ class ChatSession:
             self.turns += 1
             if not finished:
                 self.notices.append("interrupted: the partial answer is kept in the history")
+
+    def complete(self, text: str) -> Iterator[Chunk]:
+        """Raw completion of ``text`` (``--raw``: no template, no history), with the same notices."""
+        self.notices.clear()
+        for chunk in self.engine.generate(text, self.params):
+            if chunk.finish_reason:
+                self.last_stats = chunk.stats
+                self._note_finish(chunk)
+            yield chunk
+
+    def _note_finish(self, chunk: Chunk) -> None:
+        """Say why an answer ended when the reason is not the model's own end of turn."""
+        st = chunk.stats
+        if chunk.finish_reason == "length" and st and st.n_ctx_used + 1 >= st.n_ctx:
+            self.notices.append("the answer stopped because the context window is full")
+        elif chunk.finish_reason == "loop":
+            self.notices.append("stopped: the answer was repeating itself in a loop (--no-stop-loops lets it run; "
+                                "a higher --temp or --dry-multiplier helps a small model out of loops)")
 
     # ------------------------------------------------------------------ commands
     def clear(self) -> None:

@@ -24,6 +24,20 @@ def stats_line(s: Stats) -> str:
             f"{s.completion_tokens} tok · context {s.n_ctx_used}/{s.n_ctx}")
 
 
+def newline_bindings():
+    """prompt_toolkit key bindings: Esc then Enter (also Alt-Enter, which terminals send as the same
+    two keys) inserts a newline instead of submitting; Enter alone still submits."""
+    from prompt_toolkit.key_binding import KeyBindings
+
+    kb = KeyBindings()
+
+    @kb.add("escape", "enter")
+    def _newline(event) -> None:
+        event.current_buffer.insert_text("\n")
+
+    return kb
+
+
 class Repl:
     def __init__(self, session, loaded, *, raw: bool = False) -> None:
         from rich.console import Console
@@ -44,7 +58,7 @@ class Repl:
 
             hist = get_settings().history_file
             hist.parent.mkdir(parents=True, exist_ok=True)
-            ps = PromptSession(history=FileHistory(str(hist)))
+            ps = PromptSession(history=FileHistory(str(hist)), key_bindings=newline_bindings())
             return lambda prompt: ps.prompt(prompt)
         except Exception:  # no usable terminal for prompt_toolkit: plain input()
             return input
@@ -98,7 +112,7 @@ class Repl:
 
     def answer(self, text: str) -> None:
         s = self.session
-        stream = s.engine.generate(text, s.params) if self.raw else s.send(text)
+        stream = s.complete(text) if self.raw else s.send(text)
         last = None
         out = sys.stdout
         try:

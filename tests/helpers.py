@@ -87,3 +87,73 @@ def stream_and_full(client, msgs: list[dict], max_tokens: int):
     assert finish == full.choices[0].finish_reason
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
     return full, usage
+
+
+# ---------------------------------------------------------------------------- CPU-independent text asserts
+# llama.cpp's kernels round differently on AVX2 and AVX-512 CPUs (and for different batch sizes), so where
+# two candidate tokens are nearly tied the greedy choice flips with the machine: SmolLM2 led "La" 24.07
+# against "The" 23.93 for a question the suite used to ask. A test may assert exact text only along a
+# greedy path whose every token wins by a wide margin; the margin is checked in the test, so a future
+# near-tie fails as "fragile prompt", not as a wrong answer.
+ROBUST_MARGIN = 1.0  # logits (= log-probability difference); rounding moves logits by ~0.01-0.2 here
+
+
+def greedy_trace(engine, prompt, *, max_tokens: int = 24, params=None):
+    """Greedy generation of ``prompt`` (a list of ``Message`` → chat template, or a str → raw) with the
+    margin of every step: → list of (token text, margin), margin = chosen logit − best other logit.
+
+    The logprobs llama.cpp reports are its raw distribution. With ``params.dry_multiplier`` (chat's
+    default), the DRY penalty each candidate got is recomputed exactly (``localrun.backends.dry``, a
+    port tested against llama.cpp's own sampler) over the prompt and the answer so far, and subtracted;
+    the runner-up is taken unpenalised, so the margin is a lower bound. Other penalties are refused."""
+    from dataclasses import replace
+
+    from localrun.backends.base import SamplingParams
+    from localrun.backends.dry import breaker_ids, dry_penalties
+    from localrun.backends.llamacpp_sampling import DRY_SEQUENCE_BREAKERS
+
+    p = replace(params or SamplingParams(), temperature=0.0, max_tokens=max_tokens, logprobs=2, seed=0)
+    assert p.repeat_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty, \
+        "greedy_trace computes DRY margins only"
+    if isinstance(prompt, str):
+        history, stream = engine.tokenize(prompt), engine.generate(prompt, p)
+    else:
+        history, stream = list(engine.tokenize_chat(prompt)[1]), engine.chat(prompt, p)
+    breakers = frozenset()
+    if p.dry_multiplier > 0:
+        texts = ((t, engine.detokenize([t])) for t in range(engine.n_vocab))
+        breakers = breaker_ids(texts, DRY_SEQUENCE_BREAKERS)
+    out = []
+    for chunk in stream:
+        for lp in chunk.logprobs or []:
+            pen = {}
+            if p.dry_multiplier > 0:
+                pen = dry_penalties(history, multiplier=p.dry_multiplier, base=p.dry_base,
+                                    allowed_length=p.dry_allowed_length,
+                                    last_n=engine.n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n,
+                                    breakers=breakers)
+            others = [v for t, v in zip(lp.top_ids, (v for _, v in lp.top)) if t != lp.token_id]
+            runner_up = others[0] if others else float("-inf")
+            out.append((lp.token, lp.logprob - pen.get(lp.token_id, 0.0) - runner_up))
+            history.append(lp.token_id)
+    return out
+
+
+def assert_robust_greedy(engine, prompt, expected: str, *, max_tokens: int = 24, params=None,
+                         min_margin: float = ROBUST_MARGIN) -> str:
+    """Assert that greedy decoding of ``prompt`` writes ``expected``, and that every token up to and
+    including the one that completes it wins by at least ``min_margin``; → the text generated.
+
+    Fails with "fragile prompt" (not "wrong answer") when a step on the way is a near-tie, because then
+    the text depends on the CPU the test runs on: choose another prompt."""
+    import pytest
+
+    text = ""
+    for i, (tok, margin) in enumerate(greedy_trace(engine, prompt, max_tokens=max_tokens, params=params)):
+        text += tok
+        if margin < min_margin:
+            pytest.fail(f"fragile prompt: step {i} ({tok!r}) wins by {margin:.3f} < {min_margin} over the "
+                        f"runner-up, so the greedy text depends on the CPU; text so far {text!r}")
+        if expected in text:
+            return text
+    raise AssertionError(f"{expected!r} not in the greedy answer {text!r}")

@@ -35,6 +35,15 @@ class SamplingParams:
     ``logprobs`` = number of top alternatives to return per token (0 = the chosen token's only, None = off).
     ``ignore_eos`` bans the end-of-generation tokens (llama-server's and vLLM's extension: fixed-length
     outputs for benchmarks), so only ``max_tokens``, a stop string or a full context end the generation.
+
+    Against loops (small models fall into them): ``repeat_penalty`` with ``repeat_last_n`` (llama.cpp's
+    penalties sampler; ``repeat_last_n`` -1 = the whole context, 0 = off), DRY (``dry_multiplier`` > 0;
+    "Don't Repeat Yourself", p-e-w, llama.cpp common/sampling.cpp: a penalty
+    ``dry_multiplier × dry_base^(n - dry_allowed_length)`` on a token that would extend a repeated run of
+    n ≥ ``dry_allowed_length`` tokens, over the last ``dry_penalty_last_n`` tokens, -1 = the context;
+    llama.cpp backend only), and ``stop_loops``, which ends a generation stuck in a cycle with finish
+    reason ``loop`` (``backends.text.LoopDetector``). ``chat`` turns on a repeat penalty and ``stop_loops``
+    by default; the HTTP API keeps OpenAI's semantics (all off) unless ``serve`` is told otherwise.
     """
 
     temperature: float = 0.8
@@ -52,6 +61,11 @@ class SamplingParams:
     grammar: str | None = None
     logprobs: int | None = None
     ignore_eos: bool = False
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    stop_loops: bool = False
 
 
 @dataclass
@@ -85,10 +99,15 @@ class Stats:
 
 @dataclass
 class TokenLogprob:
+    """One generated token's log-probability and the ``top`` alternatives (text, logprob), most likely
+    first; ``token_id``/``top_ids`` are the same tokens' ids."""
+
     token: str
     logprob: float
     bytes: list[int]
     top: list[tuple[str, float]] = field(default_factory=list)
+    token_id: int | None = None
+    top_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -96,7 +115,8 @@ class Chunk:
     """One step of a generation: new text (may be '' while a stop string or UTF-8 sequence is pending).
 
     The last chunk has ``finish_reason`` set (``stop`` = EOS or stop string, ``length`` = max_tokens or
-    context full, ``cancelled``) and ``stats``.
+    context full, ``loop`` = the output repeated itself and ``stop_loops`` ended it, ``cancelled``) and
+    ``stats``.
     """
 
     text: str

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import time
 from typing import Iterator, Sequence
 
@@ -28,10 +29,12 @@ from localrun.backends.llamacpp_lib import (
     _import_llama,
     _last_errors,
     _physical_cores,
+    cpu_moe_overrides,
+    weight_overrides,
     weight_placement,
 )
 from localrun.backends.llamacpp_seq import Generation, Slot
-from localrun.backends.text import _partial_stop_len, common_prefix
+from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
     ContextOverflowError,
@@ -40,6 +43,26 @@ from localrun.errors import (
 )
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+class _AbortFlag:
+    """What the abort callback reads: ``interrupt()`` (any thread) or Ctrl-C (a SIGINT handler installed
+    around a prefill decode on the main thread) sets it; llama.cpp polls ``check`` between graph nodes."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.keyboard = False
+
+    def check(self, _data) -> bool:
+        return self.requested
+
+    def on_sigint(self, _signum, _frame) -> None:
+        self.requested = self.keyboard = True
+
+    def take(self) -> bool:
+        """True (once) when an interrupt was requested; clears it."""
+        hit, self.requested, self.keyboard = self.requested, False, False
+        return hit
 
 
 class LlamaCppEngine:
@@ -75,6 +98,14 @@ class LlamaCppEngine:
             mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
         # which buffer type each weight goes to: MoE experts kept on the CPU, AMX off, CPU_REPACK by name
         self._overrides, use_extra_bufts, self.repacked = weight_placement(self.spec, plan, _cpu_advertises_amx())
+        self.batch_invariant = int(plan.n_parallel) > 1 and not os.environ.get("LOCALRUN_REPACK_PARALLEL")
+        if self.batch_invariant:
+            # several sequences: no repacked CPU weights. Their GEMM takes rows four at a time and the rest
+            # with a GEMV (ggml-cpu/repack.cpp forward_mul_mat_one_chunk), which round differently: Gemma-3's
+            # logits moved by up to 0.6 with the batch size, and greedy text with them. Without it every
+            # batch size gives a sequence bit-identical logits (tests/test_batch_equivalence.py)
+            self._overrides = weight_overrides(cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0)))
+            use_extra_bufts, self.repacked = False, False
         mp.use_extra_bufts = use_extra_bufts
         if self._overrides is not None:
             mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
@@ -128,12 +159,19 @@ class LlamaCppEngine:
         self._batch = C.llama_batch_init(self.n_batch + n_par, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self._eog: tuple[int, ...] | None = None
+        self._dry_cache: dict = {}  # DRY prototype samplers by setting (llamacpp_sampling.make_sampler)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos_text = self.spec.token_text(self.spec.bos_token_id) or ""
         self.eos_text = self.spec.token_text(self.spec.eos_token_id) or ""
         src = chat_template or self.spec.chat_template
         self._template = ChatTemplate(src, bos_token=self.bos_text, eos_token=self.eos_text) if src else None
-        self._swa_partial_ok = not (self.spec.sliding_window and not plan.swa_full)
+        # a sliding-window cache (without swa_full) drops positions more than n_swa tokens back, so a cached
+        # prefix can be cut back (start()) only while the window before the cut is still there
+        self.n_swa = 0 if plan.swa_full else max(0, int(C.llama_model_n_swa(self.model)))
+        # interrupt(): llama.cpp asks this callback between graph nodes during a prefill (llama_set_abort_callback)
+        self._abort = _AbortFlag()
+        self._abort_cb = C.ggml_abort_callback(self._abort.check)
+        self._no_abort_cb = C.ggml_abort_callback()
 
     # ------------------------------------------------------------------ model facts
     @property
@@ -196,13 +234,15 @@ class LlamaCppEngine:
                                   parse_special_in_content=parse_special_in_content)
 
     # ------------------------------------------------------------------ sampling
-    def make_sampler(self, p: SamplingParams):
-        """llama.cpp sampler chain for ``p`` (see ``llamacpp_sampling.make_sampler``)."""
+    def make_sampler(self, p: SamplingParams, history: Sequence[int] = ()):
+        """llama.cpp sampler chain for ``p``, its penalties primed with ``history`` (the prompt's tokens;
+        see ``llamacpp_sampling.make_sampler``)."""
         from localrun.backends.llamacpp_sampling import make_sampler
 
         if p.ignore_eos and self._eog is None:  # the end-of-generation ids, once per model
             self._eog = tuple(t for t in range(self.n_vocab) if self.C.llama_vocab_is_eog(self.vocab, t))
-        return make_sampler(self.C, self.vocab, self.n_vocab, p, self._eog if p.ignore_eos else ())
+        return make_sampler(self.C, self.vocab, self.n_vocab, p, self._eog if p.ignore_eos else (), n_ctx=self.n_ctx,
+                            dry_cache=self._dry_cache, history=history)
 
     # ------------------------------------------------------------------ sequences
     def acquire_slot(self, prompt: Sequence[int]) -> Slot | None:
@@ -232,12 +272,12 @@ class LlamaCppEngine:
         slot = slot or self.acquire_slot(prompt)
         if slot is None or slot.busy:
             raise BackendError("no free sequence slot", hint="wait for a running request to finish")
-        sampler = self.make_sampler(params)
+        sampler = self.make_sampler(params, prompt)
         n_keep = common_prefix(slot.tokens, prompt)
         if n_keep == len(prompt):
             n_keep -= 1  # re-decode the last prompt token to get its logits
-        if n_keep < len(slot.tokens) and not self._swa_partial_ok:
-            n_keep = 0  # SWA cache without swa_full cannot roll back (positions already evicted)
+        if n_keep < len(slot.tokens) and not self._window_kept(slot, n_keep):
+            n_keep = 0  # the sliding-window cache no longer holds the window before the cut: prefill it all
         if not self.C.llama_memory_seq_rm(self.mem, slot.seq_id, n_keep, -1):
             n_keep = 0
             self.C.llama_memory_seq_rm(self.mem, slot.seq_id, 0, -1)
@@ -246,7 +286,19 @@ class LlamaCppEngine:
         slot.last_used = time.monotonic()
         # prefix caching: prime the sampler's penalty history with the reused prompt tokens
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
-                          cached_tokens=n_keep, t_start=time.perf_counter())
+                          cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx))
+
+    def _window_kept(self, slot: Slot, n_keep: int) -> bool:
+        """Can ``slot``'s KV be cut back to its first ``n_keep`` tokens? Always, without sliding-window
+        layers. With them (and no ``swa_full``), the SWA cache keeps only the positions [pos_min, pos_max]
+        (llama-kv-cache.cpp apply_ubatch purges what it overwrites), and the token at position n_keep
+        attends to the n_swa - 1 before it: the cut is safe when pos_min <= n_keep - n_swa (llama-server's
+        threshold, tools/server/server-context.cpp pos_min_thold). A prompt that only extends the cached
+        tokens needs no cut and is always reused."""
+        if not self.n_swa or n_keep == 0:
+            return True
+        pos_min = self.C.llama_memory_seq_pos_min(self.mem, slot.seq_id)
+        return 0 <= pos_min <= max(0, n_keep - self.n_swa)
 
     def release(self, gen: Generation, *, keep_kv: bool = True) -> None:
         """Free ``gen``'s slot. ``keep_kv`` keeps the KV of its tokens for prefix reuse; otherwise (a
@@ -322,16 +374,19 @@ class LlamaCppEngine:
             return []
         batch.n_tokens = n
         mark = LlamaLog.mark()
-        rc = C.llama_decode(self.ctx, batch)
-        if rc != 0:
+        rc = self._decode(batch, abortable=bool(prefill))
+        if rc not in (0, 2):
             raise BackendError(f"llama_decode failed (code {rc}): " + _last_errors(LlamaLog.since(mark)),
                                hint="the KV cache is full or memory ran out; lower --parallel or --ctx")
-        # bookkeeping first: the KV now holds these tokens
+        # bookkeeping first: the KV now holds these tokens (after an abort, those llama.cpp kept)
         for g, take in prefill:
-            g.slot.tokens.extend(g.prompt[g.n_prompt_done:g.n_prompt_done + take])
-            g.n_prompt_done += take
+            kept = take if rc == 0 else self.C.llama_memory_seq_pos_max(self.mem, g.slot.seq_id) + 1 - g.n_prompt_done
+            g.slot.tokens.extend(g.prompt[g.n_prompt_done:g.n_prompt_done + max(0, min(kept, take))])
+            g.n_prompt_done = len(g.slot.tokens)
         for g in decoding:
             g.slot.tokens.append(g.pending)
+        if self._abort.take() or rc == 2:
+            raise KeyboardInterrupt  # interrupt() or Ctrl-C: the caller's loop stops, as on Ctrl-C between steps
         events = []
         now = time.perf_counter()
         for g, idx in outputs:
@@ -339,6 +394,35 @@ class LlamaCppEngine:
                 g.t_prefill_done = now
             events.append((g, self._sample(g, idx, now)))
         return events
+
+    def _decode(self, batch, *, abortable: bool) -> int:
+        """``llama_decode``; a prefill (``abortable``) stops between graph nodes when ``interrupt()`` is
+        called or Ctrl-C is pressed (return code 2: llama.cpp dropped the unfinished ubatch's positions,
+        llama-context.cpp decode). Decode batches take milliseconds and run without the callback."""
+        C = self.C
+        if not abortable:
+            return C.llama_decode(self.ctx, batch)
+        import signal
+        import threading
+
+        own_sigint = (threading.current_thread() is threading.main_thread()
+                      and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        if own_sigint:  # Python runs the handler inside the callback, which then returns True
+            signal.signal(signal.SIGINT, self._abort.on_sigint)
+        C.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+        try:
+            return C.llama_decode(self.ctx, batch)
+        finally:
+            C.llama_set_abort_callback(self.ctx, self._no_abort_cb, None)
+            if own_sigint:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def interrupt(self) -> None:
+        """Stop the engine's current work as Ctrl-C does, from any thread: a prefill ``llama_decode``
+        returns between two graph nodes (milliseconds), and ``step`` raises KeyboardInterrupt in the
+        thread that drives the engine once its bookkeeping is done (each slot's ``tokens`` still equal
+        its KV, so the next request reuses what was prefilled)."""
+        self._abort.requested = True
 
     def _sample(self, g: Generation, idx: int, now: float) -> Chunk:
         C, p = self.C, g.params
@@ -348,42 +432,19 @@ class LlamaCppEngine:
             g.t_first = now
         g.generated.append(tok)
         g.pending = tok
-        if self.is_eog(tok):
-            g.finish_reason = "stop"
-            return self._finish(g, tok)
-        piece = self.token_bytes(tok)
-        g.text += g.decoder.decode(piece)
-        if lp is not None:
+        eog = self.is_eog(tok)
+        piece = b"" if eog else self.token_bytes(tok)
+        if lp is not None and not eog:
             lp = [self._token_logprob(tok, piece, lp)]
-        # stop strings: emit up to the stop, hold back a possible partial stop at the end
-        text, stops = g.text, p.stop
-        if stops:
-            lo = max(0, g.sent - max(len(s) for s in stops))
-            hits = [i for i in (text.find(s, lo) for s in stops if s) if i >= 0]
-            if hits:
-                cut = min(hits)
-                g.text = text[:cut]
-                g.finish_reason = "stop"
-                return self._finish(g, tok, lp)
-        if p.max_tokens is not None and len(g.generated) >= p.max_tokens:
-            g.finish_reason = "length"
-            return self._finish(g, tok, lp)
-        if len(g.slot.tokens) + 1 >= self.n_ctx:
-            g.finish_reason = "length"
-            return self._finish(g, tok, lp)
-        hold = _partial_stop_len(text, stops) if stops else 0
-        end = len(text) - hold
-        out = text[g.sent:end]
-        g.sent = max(g.sent, end)
-        return Chunk(text=out, token_id=tok, logprobs=lp)
-
-    def _finish(self, g: Generation, tok: int, lp=None) -> Chunk:
-        if g.finish_reason != "stop" or not self.is_eog(tok):
-            g.text += g.decoder.decode(b"", final=True)
-        out = g.text[g.sent:]
-        g.sent = len(g.text)
+        elif lp is not None:
+            lp = None
+        # the text pipeline shared with MLX: UTF-8, stop strings, max_tokens, context full, loops
+        out, finish = g.stream.push(tok, piece, eog=eog, n_ctx_used=len(g.slot.tokens))
+        if finish is None:
+            return Chunk(text=out, token_id=tok, logprobs=lp)
+        g.finish_reason = finish
         g.pending = None
-        return Chunk(text=out, token_id=tok, finish_reason=g.finish_reason, stats=g.stats(self.n_ctx), logprobs=lp)
+        return Chunk(text=out, token_id=tok, finish_reason=finish, stats=g.stats(self.n_ctx), logprobs=lp)
 
     def _logprobs(self, idx: int, top_n: int):
         import numpy as np
@@ -399,7 +460,8 @@ class LlamaCppEngine:
     def _token_logprob(self, tok: int, piece: bytes, lp) -> TokenLogprob:
         logp, top = lp
         return TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=float(logp[tok]),
-                            bytes=list(piece), top=[(self.detokenize([t]), v) for t, v in top])
+                            bytes=list(piece), top=[(self.detokenize([t]), v) for t, v in top],
+                            token_id=tok, top_ids=[t for t, _ in top])
 
     # ------------------------------------------------------------------ single-stream API
     def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
@@ -424,6 +486,7 @@ class LlamaCppEngine:
         return self._run(tokens, params)
 
     def _run(self, tokens: list[int], params: SamplingParams) -> Iterator[Chunk]:
+        self._abort.take()  # an interrupt() that came while nothing ran is not for this run
         gen = self.start(tokens, params, slot=self.slots[0])
         try:
             while not gen.done:
@@ -440,6 +503,9 @@ class LlamaCppEngine:
             return
         for s in getattr(self, "slots", []):
             s.busy = False
+        for proto in getattr(self, "_dry_cache", {}).values():
+            C.llama_sampler_free(proto)
+        self._dry_cache = {}
         if getattr(self, "_batch", None) is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

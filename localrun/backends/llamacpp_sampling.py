@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from localrun.backends.base import SamplingParams
 from localrun.errors import LocalrunError
 
 
-def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...] = ()):
+DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp common/common.h dry_sequence_breakers
+
+
+def last_n(n: int, n_ctx: int) -> int:
+    """A penalty window in tokens: -1 means the whole context (llama.cpp common/arg.cpp), 0 off."""
+    return n_ctx if n < 0 else n
+
+
+def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...] = (), *, n_ctx: int = 4096,
+                 dry_cache: dict | None = None, history: Sequence[int] = ()):
     """A ``llama_sampler`` chain for ``p``; the caller frees it with ``llama_sampler_free``.
 
-    Order as llama.cpp's common/sampling.cpp: logit bias, penalties, grammar, then greedy when
+    Order as llama.cpp's common/sampling.cpp: logit bias, penalties, DRY, grammar, then greedy when
     ``temperature <= 0``, else top-k, top-p, min-p, temperature, dist(seed). ``eog``: the vocabulary's
-    end-of-generation token ids, banned when ``p.ignore_eos``. Raises LocalrunError for a grammar that
-    does not parse.
+    end-of-generation token ids, banned when ``p.ignore_eos``. ``n_ctx``: the sequence's context
+    (tokens), the window of a penalty whose ``*_last_n`` is -1. ``dry_cache``: the engine's prototype
+    DRY samplers by setting (building one scans the whole vocabulary for sequence breakers, ≈ 50 ms for
+    a 50k vocabulary; a request gets a ``llama_sampler_clone``), freed by the engine. Raises
+    LocalrunError for a grammar that does not parse. ``history``: the prompt's tokens; the penalty and
+    DRY samplers see its last ``*_last_n`` tokens first, as llama-cli and llama-server feed the prompt to
+    ``common_sampler_accept`` (a repeat penalty then also keeps the answer from echoing the prompt).
     """
     chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
 
@@ -30,8 +46,21 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
         add(C.llama_sampler_init_logit_bias(n_vocab, n, arr))
     if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
         # llama.h (this llama.cpp): llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)
-        add(C.llama_sampler_init_penalties(n_vocab, p.repeat_last_n, p.repeat_penalty,
-                                           p.frequency_penalty, p.presence_penalty))
+        window = last_n(p.repeat_last_n, n_ctx)
+        pen = C.llama_sampler_init_penalties(n_vocab, window, p.repeat_penalty, p.frequency_penalty,
+                                             p.presence_penalty)
+        _prime(C, pen, history, window)
+        add(pen)
+    if p.dry_multiplier > 0:
+        key = (float(p.dry_multiplier), float(p.dry_base), int(p.dry_allowed_length), last_n(p.dry_penalty_last_n, n_ctx))
+        cache = dry_cache if dry_cache is not None else {}
+        if key not in cache:
+            cache[key] = dry_sampler(C, vocab, *key)
+        dry = C.llama_sampler_clone(cache[key])
+        _prime(C, dry, history, key[3])
+        add(dry)
+        if dry_cache is None:
+            C.llama_sampler_free(cache[key])
     if p.grammar:
         g = C.llama_sampler_init_grammar(vocab, p.grammar.encode(), b"root")
         if not g:
@@ -51,3 +80,18 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
         seed = C.LLAMA_DEFAULT_SEED if p.seed is None else int(p.seed) & 0xFFFFFFFF
         add(C.llama_sampler_init_dist(seed))
     return chain
+
+
+def dry_sampler(C, vocab, multiplier: float, base: float, allowed_length: int, last_n_tokens: int):
+    """llama.cpp's DRY sampler with its default sequence breakers (the caller frees it)."""
+    import ctypes
+
+    arr = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
+    return C.llama_sampler_init_dry(vocab, multiplier, base, allowed_length, last_n_tokens, arr,
+                                    len(DRY_SEQUENCE_BREAKERS))
+
+
+def _prime(C, sampler, history: Sequence[int], window: int) -> None:
+    """Feed the last ``window`` tokens of ``history`` to ``sampler`` (its penalty history)."""
+    for t in list(history)[-window:] if window > 0 else ():
+        C.llama_sampler_accept(sampler, int(t))

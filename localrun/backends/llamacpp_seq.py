@@ -3,11 +3,11 @@ request running on a slot: prompt, sampler, output, timings). ``LlamaCppEngine.s
 
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass, field
 
 from localrun.backends.base import SamplingParams, Stats
+from localrun.backends.text import TextStream
 
 
 @dataclass
@@ -31,16 +31,14 @@ class Generation:
     n_prompt_done: int  # prompt tokens whose KV is in the cache (cached prefix + prefilled)
     cached_tokens: int
     t_start: float
+    stream: TextStream  # tokens → text, stop strings, finish reason (backends/text.py)
     pending: int | None = None  # last sampled token, to be decoded next step
     generated: list[int] = field(default_factory=list)
-    text: str = ""
-    sent: int = 0  # characters of ``text`` already yielded
     finish_reason: str | None = None
     t_first: float = 0.0
     t_prefill_done: float = 0.0
     cancelled: bool = False
     last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
-    decoder: object = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     @property
     def done(self) -> bool:

@@ -30,14 +30,13 @@ old one first. Not thread-safe: one thread drives the engine.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import time
 from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
-from localrun.backends.text import _partial_stop_len, common_prefix
+from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
     BackendUnavailableError,
@@ -227,6 +226,17 @@ class MlxEngine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
+    def dry_breakers(self) -> frozenset[int]:
+        """Token ids that break a DRY repeat run (llama.cpp's default breakers), computed once."""
+        if getattr(self, "_dry_breakers", None) is None:
+            from localrun.backends.dry import breaker_ids
+            from localrun.backends.llamacpp_sampling import DRY_SEQUENCE_BREAKERS
+
+            table = self._piece_table()
+            self._dry_breakers = breaker_ids(((t, b.decode("utf-8", errors="replace")) for t, b in enumerate(table)),
+                                             DRY_SEQUENCE_BREAKERS)
+        return self._dry_breakers
+
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
         from localrun.chat_template import render_chat
@@ -275,12 +285,18 @@ class MlxEngine:
         bias = {int(k): float(v) for k, v in p.logit_bias.items()}
         if p.ignore_eos:
             bias.update((t, float("-inf")) for t in self.eog_ids)
-        return make_logits_processors(
+        n = self.n_ctx if p.repeat_last_n < 0 else p.repeat_last_n  # -1: the whole context, as llama.cpp
+        procs = make_logits_processors(
             logit_bias=bias or None,
-            repetition_penalty=p.repeat_penalty if p.repeat_penalty != 1.0 else None,
-            repetition_context_size=p.repeat_last_n,
-            presence_penalty=p.presence_penalty or None, presence_context_size=p.repeat_last_n,
-            frequency_penalty=p.frequency_penalty or None, frequency_context_size=p.repeat_last_n)
+            repetition_penalty=p.repeat_penalty if p.repeat_penalty != 1.0 and n else None,
+            repetition_context_size=n,
+            presence_penalty=p.presence_penalty or None, presence_context_size=n,
+            frequency_penalty=p.frequency_penalty or None, frequency_context_size=n)
+        if p.dry_multiplier > 0:
+            from localrun.backends.dry import DrySampler
+
+            procs.append(DrySampler(self, p))
+        return procs
 
     # ------------------------------------------------------------------ prompt cache
     @property
@@ -350,11 +366,8 @@ class MlxEngine:
         key = mx.random.key(int(seed) & 0xFFFFFFFF)
         n_keep = self._reuse_prefix(prompt)
         generated: list[int] = []
-        text, sent = "", 0
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stream = TextStream(p, self.n_ctx)
         t_first = t_prefill = 0.0
-        finish: str | None = None
-
         def forward(toks: list[int]):
             nonlocal key
             logits = self.model(mx.array(toks)[None], cache=self._cache)[:, -1, :]
@@ -390,31 +403,17 @@ class MlxEngine:
                 if not generated:
                     t_first = t_prefill = now
                 generated.append(tok)
-                tlp = self._logprob(tok, lp, p.logprobs) if p.logprobs is not None else None
-                if self.is_eog(tok):
-                    finish = "stop"
-                else:
-                    text += decoder.decode(self.token_bytes(tok))
-                    if p.stop:
-                        lo = max(0, sent - max(len(s) for s in p.stop))
-                        hits = [i for i in (text.find(s, lo) for s in p.stop if s) if i >= 0]
-                        if hits:
-                            text, finish = text[:min(hits)], "stop"
-                    if finish is None and ((p.max_tokens is not None and len(generated) >= p.max_tokens)
-                                           or len(self._cache_tokens) + 1 >= self.n_ctx):
-                        finish = "length"
+                eog = self.is_eog(tok)
+                tlp = self._logprob(tok, lp, p.logprobs) if p.logprobs is not None and not eog else None
+                # the text pipeline shared with llama.cpp: UTF-8, stop strings, max_tokens, context full, loops
+                out, finish = stream.push(tok, b"" if eog else self.token_bytes(tok), eog=eog,
+                                          n_ctx_used=len(self._cache_tokens))
                 if finish is not None:
-                    if finish != "stop" or not self.is_eog(tok):
-                        text += decoder.decode(b"", final=True)
-                    out, sent = text[sent:], len(text)
                     yield Chunk(text=out, token_id=tok, finish_reason=finish, stats=stats(),
                                 logprobs=[tlp] if tlp else None)
                     return
                 y, lp = forward([tok])  # queue the next token before handing this one out
                 mx.async_eval(y, lp)
-                hold = _partial_stop_len(text, p.stop) if p.stop else 0
-                end = len(text) - hold
-                out, sent = text[sent:end], max(sent, end)
                 yield Chunk(text=out, token_id=tok, logprobs=[tlp] if tlp else None)
         except ContextOverflowError:
             raise
@@ -435,7 +434,8 @@ class MlxEngine:
         piece = self.token_bytes(tok)
         top = np.argsort(-v)[:top_n] if top_n else []
         return TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=float(v[tok]),
-                            bytes=list(piece), top=[(self.detokenize([int(t)]), float(v[t])) for t in top])
+                            bytes=list(piece), top=[(self.detokenize([int(t)]), float(v[t])) for t in top],
+                            token_id=tok, top_ids=[int(t) for t in top])
 
     def logits(self, tokens: Sequence[int]):
         """Teacher-forced logits for every position of ``tokens`` (fresh cache): ``mx.array [n, vocab]``."""

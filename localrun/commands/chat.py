@@ -49,7 +49,10 @@ def register(app: typer.Typer) -> None:
         top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0),
         top_k: int = typer.Option(40, "--top-k", min=0),
         min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0),
-        repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0),
+        repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty on tokens among the last --repeat-last-n (1 = off)."),
+        repeat_last_n: int = typer.Option(64, "--repeat-last-n", min=-1, help="Window of --repeat-penalty, tokens (-1 = the context)."),
+        dry_multiplier: float = typer.Option(0.8, "--dry-multiplier", min=0.0, help="DRY repetition penalty (0 = off; on by default in chat: it keeps small models out of loops)."),
+        stop_loops: bool = typer.Option(True, "--stop-loops/--no-stop-loops", help="End an answer that repeats itself in a cycle (on by default in chat)."),
         seed: Optional[int] = typer.Option(None, "--seed", "-s"),
         max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "--n-predict", "-n", min=1, help="Cap on answer length, tokens."),
         ctx: Optional[int] = typer.Option(None, "--ctx", "--ctx-size", "-c", min=16, help="Context window, tokens (default: the plan's)."),
@@ -73,7 +76,8 @@ def register(app: typer.Typer) -> None:
         err = stderr()
         interactive = prompt is None and sys.stdin.isatty()
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
-                                max_tokens=max_tokens, repeat_penalty=repeat_penalty)
+                                max_tokens=max_tokens, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                dry_multiplier=dry_multiplier, stop_loops=stop_loops)
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
@@ -114,7 +118,7 @@ def _one_shot(session, text: str, raw: bool, verbose: bool, loaded) -> None:
 
     if not text.strip():
         raise ConfigError("the prompt is empty", hint="pass --prompt TEXT or pipe text on stdin")
-    stream = session.engine.generate(text, session.params) if raw else session.send(text.strip())
+    stream = session.complete(text) if raw else session.send(text.strip())
     last = None
     for chunk in stream:
         sys.stdout.write(chunk.text)
@@ -123,6 +127,9 @@ def _one_shot(session, text: str, raw: bool, verbose: bool, loaded) -> None:
             last = chunk
     if not raw or (last and not last.text.endswith("\n")):
         sys.stdout.write("\n")
+    sys.stdout.flush()
+    for note in session.notices:  # dropped input, a loop cut short: said every time, on stderr
+        stderr().print(f"note: {note}", style="yellow")
     if verbose and last and last.stats:
         from localrun.repl import stats_line
 
