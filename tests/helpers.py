@@ -38,8 +38,8 @@ def drive_chat_session(child, *, expect_cached: bool = False) -> None:
     import pexpect
 
     child.expect(">>>")
-    child.sendline("What is the capital of France?")
-    child.expect("Paris")
+    child.sendline("What is the capital of Japan?")
+    child.expect("Tokyo")
     child.expect(r"tok/s")  # the stats line after the answer
     child.expect(">>>")
 
@@ -60,8 +60,8 @@ def drive_chat_session(child, *, expect_cached: bool = False) -> None:
     child.expect("messages in history 4")  # the interrupted turn was kept
     child.expect(">>>")
 
-    child.sendline("What is the capital of France?")
-    child.expect("Paris")
+    child.sendline("What is the capital of Japan?")
+    child.expect("Tokyo")
     if expect_cached:
         child.expect(r"cached\)")  # the conversation's prefix came from the prompt cache
     child.expect(">>>")

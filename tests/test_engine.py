@@ -6,6 +6,8 @@ from localrun.backends.base import Message, SamplingParams
 from localrun.chat import ChatSession
 from localrun.errors import ChatTemplateError, ContextOverflowError, TruncatedModelError
 
+from helpers import assert_robust_greedy
+
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 SYSTEM = "You are a helpful assistant."
 
@@ -14,24 +16,32 @@ def _text(stream):
     return "".join(c.text for c in stream)
 
 
-def test_capital_of_france(smollm_engine):
-    out = _text(smollm_engine.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
-    assert "Paris" in out
+JAPAN = "What is the capital of Japan?"  # SmolLM2 answers "The capital of Japan is Tokyo." by a wide margin
+
+
+def test_capital_of_japan(smollm_engine):
+    """The README's first question: every token of the answer wins by ≥ 1 logit (so on every CPU)."""
+    text = assert_robust_greedy(smollm_engine, [Message("system", SYSTEM), Message("user", JAPAN)], "Tokyo")
+    assert text.startswith("The capital of Japan is Tokyo")
 
 
 def test_history_carries_across_turns(smollm_engine):
     s = ChatSession(smollm_engine, SamplingParams(temperature=0, max_tokens=30), system=SYSTEM)
-    assert "Paris" in _text(s.send("What is the capital of France?"))
+    first = _text(s.send(JAPAN))
+    assert "Tokyo" in first
     first_prompt = s.last_stats.prompt_tokens
-    second = _text(s.send("What is its population?"))
-    # "its" only resolves to Paris through the history
-    assert "Paris" in second
+    follow_up = "What is the population of that city?"
+    # "that city" only resolves to Tokyo through the history (a wide-margin path, checked)
+    assert_robust_greedy(smollm_engine, [Message("system", SYSTEM), Message("user", JAPAN),
+                                         Message("assistant", first), Message("user", follow_up)], "Tokyo")
+    second = _text(s.send(follow_up))
+    assert "Tokyo" in second
     assert s.last_stats.prompt_tokens > first_prompt
     assert s.last_stats.cached_tokens >= first_prompt  # the earlier turn's KV was reused, not prefilled again
     assert [m.role for m in s.messages] == ["user", "assistant", "user", "assistant"]
-    # without the history the same question does not mention Paris
+    # without the history the same question does not mention Tokyo
     fresh = ChatSession(smollm_engine, SamplingParams(temperature=0, max_tokens=30), system=SYSTEM)
-    assert "Paris" not in _text(fresh.send("What is its population?"))
+    assert "Tokyo" not in _text(fresh.send(follow_up))
 
 
 def test_streaming_equals_whole_and_is_deterministic(smollm_engine):
@@ -63,7 +73,7 @@ def test_closing_the_stream_early_keeps_the_engine_usable(smollm_engine):
     next(stream)
     stream.close()  # what Ctrl-C does
     assert not smollm_engine.slots[0].busy
-    assert "Paris" in _text(smollm_engine.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
+    assert "Tokyo" in _text(smollm_engine.chat([Message("system", SYSTEM), Message("user", JAPAN)], GREEDY))
 
 
 def test_context_overflow_is_a_typed_error(smollm_engine):
@@ -136,7 +146,7 @@ def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
         hits = [ln for ln in eng.load_log if "buffer type overridden" in ln]
         assert sorted(ln.split()[1] for ln in hits) == sorted(
             f"blk.{i}.ffn_{w}.weight" for i in range(2) for w in ("up", "down", "gate"))
-        assert "Paris" in _text(eng.chat([Message("system", SYSTEM), Message("user", "What is the capital of France?")], GREEDY))
+        assert "Tokyo" in _text(eng.chat([Message("system", SYSTEM), Message("user", JAPAN)], GREEDY))
     finally:
         eng.close()
 

@@ -16,7 +16,7 @@ from localrun.errors import BackendUnavailableError, ContextOverflowError  # noq
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 SYSTEM = Message("system", "You are a helpful assistant.")
-FRANCE = Message("user", "What is the capital of France?")
+JAPAN = Message("user", "What is the capital of Japan?")  # a wide-margin answer (checked below)
 TEXT_64 = (
     "The river flows through the old town, past the market square where farmers sell apples, bread and "
     "cheese every Saturday morning. Children run between the stalls while their parents talk about the "
@@ -57,11 +57,14 @@ def _text(chunks) -> str:
 
 
 # ------------------------------------------------------------------ the "done means" items
-def test_smollm_gguf_answers_paris(mlx_smollm):
+def test_smollm_gguf_answers_tokyo(mlx_smollm):
     assert mlx_smollm.backend == "mlx"
     assert "natively" in mlx_smollm.conversion_note
-    chunks = list(mlx_smollm.chat([SYSTEM, FRANCE], GREEDY))
-    assert "Paris" in _text(chunks)
+    from helpers import assert_robust_greedy
+
+    assert_robust_greedy(mlx_smollm, [SYSTEM, JAPAN], "Tokyo")  # the answer wins by a wide margin on MLX too
+    chunks = list(mlx_smollm.chat([SYSTEM, JAPAN], GREEDY))
+    assert "Tokyo" in _text(chunks)
     last = chunks[-1]
     assert last.finish_reason == "stop" and last.stats.completion_tokens > 0
     assert last.stats.prompt_tokens > 0 and last.stats.n_ctx == 2048
@@ -152,15 +155,15 @@ def test_engine_loads_mlx_folder(smollm_path, mlx_home, tmp_path):
     eng = load_engine(out, _mlx_plan(smollm_path))
     try:
         assert eng.conversion_note == "MLX folder" and eng.has_chat_template
-        assert "Paris" in _text(eng.chat([SYSTEM, FRANCE], GREEDY))
+        assert "Tokyo" in _text(eng.chat([SYSTEM, JAPAN], GREEDY))
     finally:
         eng.close()
 
 
 # ------------------------------------------------------------------ engine behaviour
 def test_prompt_cache_is_reused_across_turns_and_gives_the_same_answer(mlx_smollm):
-    first = _text(mlx_smollm.chat([SYSTEM, FRANCE], GREEDY))
-    turn2 = [SYSTEM, FRANCE, Message("assistant", first), Message("user", "And of Germany?")]
+    first = _text(mlx_smollm.chat([SYSTEM, JAPAN], GREEDY))
+    turn2 = [SYSTEM, JAPAN, Message("assistant", first), Message("user", "What is the population of that city?")]
     chunks = list(mlx_smollm.chat(turn2, GREEDY))
     st = chunks[-1].stats
     assert st.cached_tokens > 20  # the first turn was not prefilled again
@@ -178,8 +181,8 @@ def test_seeded_sampling_is_reproducible(mlx_smollm):
 
 
 def test_stop_string_and_max_tokens(mlx_smollm):
-    chunks = list(mlx_smollm.chat([SYSTEM, FRANCE], SamplingParams(temperature=0, stop=["Paris"])))
-    assert "Paris" not in _text(chunks) and chunks[-1].finish_reason == "stop"
+    chunks = list(mlx_smollm.chat([SYSTEM, JAPAN], SamplingParams(temperature=0, stop=["Tokyo"])))
+    assert "Tokyo" not in _text(chunks) and chunks[-1].finish_reason == "stop"
     chunks = list(mlx_smollm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=5)))
     assert chunks[-1].finish_reason == "length" and chunks[-1].stats.completion_tokens == 5
 
@@ -202,7 +205,7 @@ def test_closing_early_leaves_the_engine_usable(mlx_smollm):
     # a generation left open is closed when the next one starts
     dangling = mlx_smollm.generate("Hello", SamplingParams(temperature=0, max_tokens=50))
     next(dangling)
-    assert "Paris" in _text(mlx_smollm.chat([SYSTEM, FRANCE], GREEDY))
+    assert "Tokyo" in _text(mlx_smollm.chat([SYSTEM, JAPAN], GREEDY))
 
 
 def test_context_overflow_and_grammar_are_clear_errors(mlx_smollm):

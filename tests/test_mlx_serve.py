@@ -40,12 +40,12 @@ def _env(home) -> dict:
 
 
 # ------------------------------------------------------------------ chat
-def test_one_shot_chat_answers_paris(smollm_path, isolated_home):
+def test_one_shot_chat_answers_tokyo(smollm_path, isolated_home):
     r = subprocess.run([sys.executable, "-m", "localrun", "chat", str(smollm_path), "--backend", "mlx", "--temp", "0",
-                        "-n", "24"], input="What is the capital of France?\n", capture_output=True, text=True,
+                        "-n", "24"], input="What is the capital of Japan?\n", capture_output=True, text=True,
                        env=_env(isolated_home), timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "Paris" in r.stdout
+    assert "Tokyo" in r.stdout
     assert "Traceback" not in r.stderr
 
 
@@ -117,10 +117,10 @@ def test_engine_is_served_one_at_a_time(mlx_server, http):
     assert ps["plan"]["n_parallel"] == 1 and ps["plan"]["backend"] == "mlx"
 
 
-def test_paris_and_streaming_equals_non_streaming(client):
-    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
+def test_tokyo_and_streaming_equals_non_streaming(client):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of Japan?"}]
     full, usage = stream_and_full(client, msgs, 16)
-    assert "Paris" in full.choices[0].message.content
+    assert "Tokyo" in full.choices[0].message.content
     # the second run of the same prompt reused the first's KV (MLX's own prompt cache)
     assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1
 
@@ -164,15 +164,15 @@ def test_disconnect_after_first_chunk_leaves_server_serving(mlx_server, client, 
         assert time.monotonic() < deadline, "the disconnected stream was never cancelled"
         time.sleep(0.2)
     assert http.get("/health").json()["active_sequences"] == 0
-    assert "Paris" in chat(client, "What is the capital of France?", max_tokens=16)  # still serving
+    assert "Tokyo" in chat(client, "What is the capital of Japan?", max_tokens=16)  # still serving
 
 
 def test_ollama_chat_endpoint(http):
     body = {"model": "smollm2", "messages": [{"role": "system", "content": SYSTEM},
-                                             {"role": "user", "content": "What is the capital of France?"}],
+                                             {"role": "user", "content": "What is the capital of Japan?"}],
             "stream": False, "options": {"temperature": 0, "num_predict": 16}}
     r = http.post("/api/chat", json=body).json()
-    assert r["done"] is True and r["message"]["role"] == "assistant" and "Paris" in r["message"]["content"]
+    assert r["done"] is True and r["message"]["role"] == "assistant" and "Tokyo" in r["message"]["content"]
     assert r["eval_count"] > 0
     with http.stream("POST", "/api/chat", content=json.dumps(dict(body, stream=True))) as s:
         lines = [json.loads(ln) for ln in s.iter_lines() if ln]
@@ -190,7 +190,7 @@ def test_llamacpp_only_features_get_clear_errors(client):
             model="x", temperature=0, max_tokens=8, messages=[{"role": "user", "content": "An age as JSON."}],
             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
     assert ei.value.status_code == 501 and "llama.cpp" in str(ei.value)
-    assert "Paris" in chat(client, "What is the capital of France?", max_tokens=16)  # still serving
+    assert "Tokyo" in chat(client, "What is the capital of Japan?", max_tokens=16)  # still serving
 
 
 # ------------------------------------------------------------------ serve, the real command
@@ -222,7 +222,7 @@ def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
         ps = httpx.get(url + "/api/ps", timeout=30).json()["models"][0]["localrun"]
         assert ps["serving"] == "mlx, requests served one at a time" and ps["n_ctx"] == 512
         c = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=300, max_retries=0)
-        assert "Paris" in chat(c, "What is the capital of France?", max_tokens=16)
+        assert "Tokyo" in chat(c, "What is the capital of Japan?", max_tokens=16)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

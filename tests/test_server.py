@@ -313,3 +313,24 @@ def test_metrics_exposes_the_counters(http):
                  "localrun_prefix_cache_hit_rate"):
         assert name in text, name
     assert metric(http, "localrun_kv_cells_used") > 0
+
+
+def test_loop_guards_are_opt_in_over_http(http):
+    """OpenAI semantics by default (a looping completion runs to max_tokens); `stop_loops` ends it early as
+    "stop" (counted as "loop" in /metrics); llama-server's DRY fields are applied (the loop is broken)."""
+    prompt = "The cat sat on the mat. " * 12  # the model continues this cycle by a wide margin
+    body = {"prompt": prompt, "max_tokens": 120, "temperature": 0}
+    plain = http.post("/v1/completions", json=body).json()
+    assert plain["choices"][0]["finish_reason"] == "length" and plain["usage"]["completion_tokens"] == 120
+    loops_before = metric(http, "localrun_generations_total", '{finish_reason="loop"}')
+    guarded = http.post("/v1/completions", json={**body, "stop_loops": True}).json()
+    assert guarded["choices"][0]["finish_reason"] == "stop"
+    assert guarded["usage"]["completion_tokens"] < 120
+    assert plain["choices"][0]["text"].startswith(guarded["choices"][0]["text"])
+    assert metric(http, "localrun_generations_total", '{finish_reason="loop"}') == loops_before + 1
+    dry = http.post("/v1/completions", json={**body, "dry_multiplier": 0.8}).json()
+    assert dry["choices"][0]["text"] != plain["choices"][0]["text"]  # the repetition was penalised
+    r = http.post("/api/generate", json={"prompt": prompt, "raw": True, "stream": False,
+                                         "options": {"num_predict": 120, "temperature": 0, "stop_loops": True}})
+    assert r.status_code == 200 and r.json()["done_reason"] == "stop" and r.json()["eval_count"] < 120
+    assert http.post("/v1/completions", json={**body, "dry_base": 0.5}).status_code == 400  # base < 1

@@ -372,13 +372,14 @@ class MlxEngine:
             nonlocal key
             logits = self.model(mx.array(toks)[None], cache=self._cache)[:, -1, :]
             self._cache_tokens.extend(toks)  # the cache offset advanced with the graph
-            if procs:
+            logprobs = raw = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            if procs:  # penalties, DRY, bias: they steer the choice; reported logprobs stay the model's own
                 hist = mx.array(self._cache_tokens)
                 for proc in procs:
                     logits = proc(hist, logits)
-            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             key, sub = mx.random.split(key)
-            return sampler(logprobs, sub), logprobs
+            return sampler(logprobs, sub), raw
 
         def stats() -> Stats:
             now = time.perf_counter()

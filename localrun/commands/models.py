@@ -141,7 +141,8 @@ def ls(
     for c in ("name", "quant", "size", "where", "path"):
         t.add_column(c)
     for m, st in zip(models, status):
-        where = {"localrun": "localrun", "embedded": "embedded (default)"}.get(m.source, f"{m.source} (read-only)")
+        where = {"localrun": "localrun", "embedded": "embedded (default)",
+                     "package": "Python package"}.get(m.source, f"{m.source} (read-only)")
         size = fmt_bytes(m.size_bytes) + (f" [red]{st['problem']}[/]" if st["problem"] else "")
         t.add_row(m.ref, m.quant or st["quant"] or "?", size, where, m.path)
     con.print(t)

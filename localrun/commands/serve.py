@@ -96,6 +96,7 @@ def register(app: typer.Typer) -> None:
         log_prompts: bool = typer.Option(False, "--log-prompts", help="Include prompt text in the request log."),
         parse_special_in_content: bool = typer.Option(False, "--parse-special-in-content", help="Read control-token text in chat messages (e.g. <|im_end|>) as control tokens. Off: message text is always text, so a message cannot end its own turn. Only for trusted clients."),
         parse_special_in_prompt: bool = typer.Option(True, "--parse-special-in-prompt/--no-parse-special-in-prompt", help="Raw prompts (/v1/completions, /api/generate with raw) may hold control tokens written as text (<|im_start|>), as in llama-server."),
+        stop_loops: bool = typer.Option(False, "--stop-loops", help="End a generation that repeats itself in a cycle (finish_reason stop; off by default: OpenAI's semantics). A request's own stop_loops field wins."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
@@ -126,7 +127,8 @@ def register(app: typer.Typer) -> None:
                    kv_type=kv_type, flash_attn=flash_attn,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
-                   parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt)
+                   parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
+                   stop_loops=stop_loops)
 
 
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
@@ -155,7 +157,8 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
 def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
                cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
-               parse_special_in_content: bool = False, parse_special_in_prompt: bool = True) -> None:
+               parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
+               stop_loops: bool = False) -> None:
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -175,6 +178,7 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
                            hardware=hw)
     options.parse_special_in_content = parse_special_in_content
     options.parse_special_in_prompt = parse_special_in_prompt
+    options.stop_loops = stop_loops
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host

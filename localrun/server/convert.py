@@ -89,28 +89,33 @@ def _logit_bias(raw: dict | None) -> dict[int, float]:
     return out
 
 
+_PENALTY_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                   "repeat_penalty", "repeat_last_n", "dry_multiplier", "dry_base", "dry_allowed_length",
+                   "dry_penalty_last_n", "stop_loops")
+
+
 def sampling_from_openai(req, *, max_tokens: int | None, logprobs: int | None,
-                         grammar: str | None = None) -> SamplingParams:
-    """OpenAI sampling fields → ``SamplingParams``; unset fields keep llama.cpp's defaults."""
+                         grammar: str | None = None, stop_loops: bool = False) -> SamplingParams:
+    """OpenAI sampling fields → ``SamplingParams``; unset fields keep llama.cpp's defaults (no DRY, no
+    repeat penalty) and ``stop_loops`` (``serve --stop-loops``) unless the request sets it."""
     if req.n != 1:
         raise RequestError("n > 1 is not supported: send separate requests (they are batched together)",
                            param="n", code="unsupported_value")
     p = SamplingParams(max_tokens=max_tokens, stop=list(req.stop or []), logprobs=logprobs, grammar=grammar,
-                       logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos))
-    for f in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-              "repeat_penalty", "repeat_last_n"):
+                       logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos),
+                       stop_loops=stop_loops)
+    for f in _PENALTY_FIELDS:
         v = getattr(req, f)
         if v is not None:
             setattr(p, f, v)
     return p
 
 
-def sampling_from_ollama(opts, fmt) -> SamplingParams:
+def sampling_from_ollama(opts, fmt, *, stop_loops: bool = False) -> SamplingParams:
     """Ollama ``options`` + ``format`` → ``SamplingParams`` (``num_predict`` -1/-2/None = unlimited)."""
-    p = SamplingParams()
+    p = SamplingParams(stop_loops=stop_loops)
     if opts is not None:
-        for f in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-                  "repeat_penalty", "repeat_last_n"):
+        for f in _PENALTY_FIELDS:
             v = getattr(opts, f)
             if v is not None:
                 setattr(p, f, v)
@@ -227,7 +232,9 @@ def completion_response(rid: str, created: int, model: str, text: str, finish: s
 
 
 def _finish(reason: str | None) -> str | None:
-    return "stop" if reason == "cancelled" else reason
+    """localrun's finish reasons on OpenAI's wire: a cancelled or loop-stopped generation is "stop" (the
+    loop shows in the log and in /metrics' finish_reason label)."""
+    return "stop" if reason in ("cancelled", "loop") else reason
 
 
 def sse(obj) -> str:
@@ -246,7 +253,7 @@ def ollama_final_fields(stats: Stats | None, finish: str | None, t_total_s: floa
     """Ollama's closing fields; durations are nanoseconds (api/types.go ``Metrics``)."""
     s = stats or Stats()
     ns = lambda x: int(x * 1e9)  # noqa: E731
-    return {"done": True, "done_reason": finish or "stop", "total_duration": ns(t_total_s),
+    return {"done": True, "done_reason": _finish(finish) or "stop", "total_duration": ns(t_total_s),
             "load_duration": 0, "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
             "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens,
             "eval_duration": ns(s.decode_s)}

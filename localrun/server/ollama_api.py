@@ -98,7 +98,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         if not req.messages:  # Ollama: an empty chat loads the model and returns at once
             return {"model": st.model_id, "created_at": cv.ollama_now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}
-        params = cv.sampling_from_ollama(req.options, req.format)
+        params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         tools = [t.model_dump() for t in req.tools] if req.tools else None
         for m in req.messages:
             _no_images(m.images)
@@ -153,7 +153,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         if not req.prompt and not req.system:
             return {"model": st.model_id, "created_at": cv.ollama_now(), "response": "", "done": True,
                     "done_reason": "load"}
-        params = cv.sampling_from_ollama(req.options, req.format)
+        params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         _no_images(req.images)
         # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory
         context = st.check_token_ids(req.context or [], "context")

@@ -34,7 +34,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         tools = _tools(st, req)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = cv.sampling_from_openai(req, max_tokens=max_tokens, logprobs=top,
+        params = cv.sampling_from_openai(req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=top,
                                          grammar=cv.grammar_for(req.response_format))
         prompt, tokens = await st.chat_tokens(messages, tools)
         job = await st.start(request, tokens, params)
@@ -89,7 +89,7 @@ def register(app: FastAPI, st: ServerState) -> None:
             raise RequestError("suffix (fill-in-the-middle) is not supported", param="suffix",
                                code="unsupported_value")
         max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
-        params = cv.sampling_from_openai(req, max_tokens=max_tokens, logprobs=req.logprobs)
+        params = cv.sampling_from_openai(req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=req.logprobs)
         tokens = await st.text_tokens(prompt)
         job = await st.start(request, tokens, params)
         rid, created = cv.new_id("cmpl"), cv.now_s()

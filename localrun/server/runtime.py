@@ -51,6 +51,7 @@ class ServeOptions:
     parse_special_in_content: bool = False
     # raw prompts (/v1/completions, /api/generate raw) are the client's own format: markers become tokens
     parse_special_in_prompt: bool = True
+    stop_loops: bool = False  # end looping generations (finish "loop" → "stop") unless a request says otherwise
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
 

@@ -107,6 +107,12 @@ class _SamplingFields(_Base):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repeat_penalty: float | None = Field(default=None, gt=0)
     repeat_last_n: StrictInt | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: the whole context
+    # llama-server's DRY fields, and localrun's loop guard (off unless asked, or `serve --stop-loops`)
+    dry_multiplier: float | None = Field(default=None, ge=0, le=100)
+    dry_base: float | None = Field(default=None, ge=1, le=100)
+    dry_allowed_length: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
+    dry_penalty_last_n: StrictInt | None = Field(default=None, ge=-1, le=INT32_MAX)
+    stop_loops: StrictBool | None = None
     logit_bias: dict[str, float] | None = None
     stop: Union[str, list[str], None] = None
     stream: StrictBool = False
@@ -166,6 +172,11 @@ class OllamaOptions(_Base):
     stop: list[str] | None = None
     repeat_penalty: float | None = Field(default=None, gt=0)
     repeat_last_n: StrictInt | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: the whole context
+    dry_multiplier: float | None = Field(default=None, ge=0, le=100)  # as llama-server's fields
+    dry_base: float | None = Field(default=None, ge=1, le=100)
+    dry_allowed_length: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
+    dry_penalty_last_n: StrictInt | None = Field(default=None, ge=-1, le=INT32_MAX)
+    stop_loops: StrictBool | None = None  # localrun's loop guard
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     num_ctx: StrictInt | None = None  # ignored: the context is fixed at load time
