@@ -8,8 +8,6 @@ import pytest
 
 from localrun.catalog import load_catalog
 
-pytest.importorskip("localrun.commands.fit", reason="`localrun fit` (the planner's command) is not there yet")
-
 PRESETS = ["laptop-16gb", "nvidia-12gb", "nvidia-24gb", "mac-36gb", "mac-128gb"]
 
 
