@@ -100,3 +100,15 @@ def test_bad_flags_are_usage_errors_not_tracebacks(args):
 def test_hint_with_brackets_is_printed_verbatim(tmp_path):
     r = run("chat", str(tmp_path / "missing[1].gguf"), "-p", "hi")
     assert r.returncode == 2 and "missing[1].gguf" in r.stderr.replace("\n", "")
+
+
+def test_one_shot_says_on_stderr_what_the_context_policy_dropped():
+    """A prompt longer than --ctx: rolling keeps its end and says so on stderr (stdout stays the answer);
+    stop refuses with exit 6 and the ContextOverflowError message."""
+    long_prompt = "Remember this line. " * 150 + "What is the capital of Japan?"
+    r = run("chat", "--ctx", "512", "--context-policy", "rolling", "--temp", "0", "-n", "8", stdin=long_prompt)
+    assert r.returncode == 0, r.stderr
+    assert "note: context full: kept only the last" in r.stderr and "tokens of your message" in r.stderr
+    assert "note:" not in r.stdout and r.stdout.strip()
+    r = run("chat", "--ctx", "512", "--context-policy", "stop", "--temp", "0", "-n", "8", stdin=long_prompt)
+    assert r.returncode == 6 and "error: prompt is" in r.stderr and "Traceback" not in r.stderr
