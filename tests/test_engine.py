@@ -192,7 +192,7 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
 
     if not _ggml_lib("ggml-cpu").ggml_cpu_has_avx2():
         pytest.skip("no AVX2")
-    monkeypatch.setattr(llamacpp, "_cpu_advertises_amx", lambda: True)
+    monkeypatch.setattr(llamacpp, "cpu_advertises_amx", lambda: True)
     spec = read_gguf(gemma_path)
     texts = {}
     for mode in ("plain", "repack"):

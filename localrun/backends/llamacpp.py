@@ -25,11 +25,11 @@ from typing import Iterator, Sequence
 from localrun.backends.base import Chunk, Message, SamplingParams, TokenLogprob
 from localrun.backends.llamacpp_lib import (
     LlamaLog,
-    _cpu_advertises_amx,
-    _import_llama,
-    _last_errors,
-    _physical_cores,
+    cpu_advertises_amx,
     cpu_moe_overrides,
+    import_llama,
+    last_errors,
+    physical_cores,
     weight_overrides,
     weight_placement,
 )
@@ -66,13 +66,14 @@ class _AbortFlag:
 
 
 class LlamaCppEngine:
-    """A GGUF loaded in llama.cpp with the parameters of a ``Plan``.
+    """A GGUF loaded in llama.cpp with the parameters of a ``Plan``: a ``BatchEngine`` (``base.py``).
 
     Raises BackendUnavailableError (no llama_cpp), UnsupportedArchitectureError, BackendError (load or
     decode failure). Not thread-safe: one thread drives it (chat's loop or the server's scheduler).
     """
 
     backend = "llamacpp"
+    serial = False  # n_parallel sequences are decoded together
 
     def __init__(self, model_path: str, plan, *, chat_template: str | None = None, spec=None) -> None:
         from localrun.chat_template import ChatTemplate
@@ -82,7 +83,7 @@ class LlamaCppEngine:
         self.plan = plan
         self.spec = spec or read_gguf(model_path)
         self.spec.check_complete()
-        self.llama_cpp, C = _import_llama()
+        self.llama_cpp, C = import_llama()
         self.C = C
         C.llama_backend_init()
         mark = LlamaLog.mark()
@@ -97,7 +98,7 @@ class LlamaCppEngine:
             self._tensor_split = arr_t(*plan.tensor_split)
             mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
         # which buffer type each weight goes to: MoE experts kept on the CPU, AMX off, CPU_REPACK by name
-        self._overrides, use_extra_bufts, self.repacked = weight_placement(self.spec, plan, _cpu_advertises_amx())
+        self._overrides, use_extra_bufts, self.repacked = weight_placement(self.spec, plan, cpu_advertises_amx())
         self.batch_invariant = int(plan.n_parallel) > 1 and not os.environ.get("LOCALRUN_REPACK_PARALLEL")
         if self.batch_invariant:
             # several sequences: no repacked CPU weights. Their GEMM takes rows four at a time and the rest
@@ -122,7 +123,7 @@ class LlamaCppEngine:
         cp.n_batch = int(plan.n_batch)
         cp.n_ubatch = int(min(plan.n_ubatch, plan.n_batch))
         cp.n_seq_max = n_par
-        threads = plan.n_threads or _physical_cores()
+        threads = plan.n_threads or physical_cores()
         cp.n_threads = int(threads)
         cp.n_threads_batch = int(plan.n_threads_batch or threads)
         cp.flash_attn_type = {None: -1, True: 1, False: 0}[plan.flash_attn]
@@ -141,7 +142,7 @@ class LlamaCppEngine:
             lines = LlamaLog.since(mark)
             C.llama_model_free(self.model)
             self.model = None
-            raise BackendError("llama.cpp could not create the context: " + _last_errors(lines),
+            raise BackendError("llama.cpp could not create the context: " + last_errors(lines),
                                hint="lower --ctx, use --kv-type q8_0, or fewer --n-gpu-layers")
         self.load_s = time.perf_counter() - t0
         self.load_log = LlamaLog.since(mark)
@@ -178,11 +179,21 @@ class LlamaCppEngine:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    @property
+    def template_source(self) -> str | None:
+        return self._template.source if self._template is not None else None
+
+    @property
+    def supports_tools(self) -> bool:
+        from localrun.chat_template import template_supports_tools
+
+        return template_supports_tools(self.template_source)
+
     def _raise_load_error(self, lines: list[str]):
         text = "\n".join(lines)
         if "unknown model architecture" in text:
             raise UnsupportedArchitectureError(self.spec.arch, "llama.cpp")
-        raise BackendError(f"llama.cpp could not load {self.model_path}: {_last_errors(lines)}",
+        raise BackendError(f"llama.cpp could not load {self.model_path}: {last_errors(lines)}",
                            hint="run with LOCALRUN_DEBUG=1 to see llama.cpp's log")
 
     # ------------------------------------------------------------------ text <-> tokens
@@ -376,7 +387,7 @@ class LlamaCppEngine:
         mark = LlamaLog.mark()
         rc = self._decode(batch, abortable=bool(prefill))
         if rc not in (0, 2):
-            raise BackendError(f"llama_decode failed (code {rc}): " + _last_errors(LlamaLog.since(mark)),
+            raise BackendError(f"llama_decode failed (code {rc}): " + last_errors(LlamaLog.since(mark)),
                                hint="the KV cache is full or memory ran out; lower --parallel or --ctx")
         # bookkeeping first: the KV now holds these tokens (after an abort, those llama.cpp kept)
         for g, take in prefill:

@@ -13,7 +13,7 @@ from collections import deque
 from localrun.errors import BackendUnavailableError
 
 
-def _import_llama():
+def import_llama():
     try:
         import llama_cpp
         from llama_cpp import llama_cpp as C
@@ -75,18 +75,18 @@ class LlamaLog:
         return lines[len(lines) - min(n_new, len(lines)):] if n_new > 0 else []
 
 
-def _last_errors(lines: list[str]) -> str:
+def last_errors(lines: list[str]) -> str:
     errs = [ln.strip() for ln in lines if any(w in ln.lower() for w in ("error", "failed", "unable", "cannot"))]
     return "; ".join(errs[-3:]) or "no detail in llama.cpp's log"
 
 
 def supports_gpu_offload() -> bool:
     """Whether the installed llama.cpp was built with a GPU backend (CUDA, Metal, Vulkan, …)."""
-    _, C = _import_llama()
+    _, C = import_llama()
     return bool(C.llama_supports_gpu_offload())
 
 
-def _cpu_advertises_amx() -> bool:
+def cpu_advertises_amx() -> bool:
     if os.environ.get("LOCALRUN_ALLOW_AMX"):
         return False
     try:
@@ -96,7 +96,7 @@ def _cpu_advertises_amx() -> bool:
         return False
 
 
-def _physical_cores() -> int:
+def physical_cores() -> int:
     try:
         import psutil
 
@@ -134,7 +134,7 @@ def _ggml_lib(name: str):
 
 def _cpu_device():
     """(ggml-base library, the CPU ``ggml_backend_dev_t``) from llama.cpp's backend registry."""
-    _import_llama()  # libllama first: it loads and registers the backends
+    import_llama()  # libllama first: it loads and registers the backends
     g, base = _ggml_lib("ggml"), _ggml_lib("ggml-base")
     g.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     g.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
