@@ -8,6 +8,7 @@ as llama-cpp-python's ``Jinja2ChatFormatter`` and llama.cpp's ``common/chat.cpp`
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from datetime import datetime
 from pathlib import Path
@@ -83,6 +84,11 @@ def load_template(name_or_file: str) -> str:
         f"unknown chat template {name_or_file!r}",
         hint=f"use one of {', '.join(BUILTIN_TEMPLATES)} or a path to a Jinja template file",
     )
+
+
+def template_supports_tools(source: str | None) -> bool:
+    """Whether a Jinja chat template renders a ``tools`` list (HF templates that support tool use read it)."""
+    return bool(source) and re.search(r"\btools\b", source) is not None
 
 
 class ChatTemplate:

@@ -56,7 +56,8 @@ def test_error_status_by_type():
 
 
 def test_tool_call_parsing():
-    from localrun.server.convert import parse_tool_calls, template_supports_tools
+    from localrun.chat_template import template_supports_tools
+    from localrun.server.convert import parse_tool_calls
 
     text, calls = parse_tool_calls('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
     assert text == "Sure." and calls[0]["function"]["name"] == "get_weather"

@@ -1,13 +1,24 @@
-"""The Engine protocol and the data it speaks.
+"""The engine contract and the data it speaks.
 
-Every backend yields ``Chunk``s from one generator; chat, the HTTP server and bench are built on it
-(the shape of mlx-lm's ``stream_generate``). Lengths are tokens, times seconds, rates tokens/second.
+* ``Engine``: what every backend does. ``generate``/``chat`` yield ``Chunk``s from one generator (the
+  shape of mlx-lm's ``stream_generate``); ``chat`` and ``localrun chat`` are built on it.
+* ``BatchEngine``: an ``Engine`` that runs several sequences together. The server's scheduler and bench
+  drive it with ``acquire_slot`` → ``start`` → ``step`` … → ``release`` on ONE thread, each ``start``
+  returning a ``Generation``. ``LlamaCppEngine`` is one; a single-stream engine (MLX) becomes one through
+  ``backends.as_batch_engine`` (``SerialEngine``: one slot, requests one at a time), the only place that
+  decides (the shape of Ollama's ``LlamaServer`` interface, which its scheduler is given).
+* ``SingleStreamEngine``: what ``SerialEngine`` needs of the engine it wraps (its one prefix cache).
+
+Lengths are tokens, times seconds (``time.perf_counter``), rates tokens/second.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from localrun.gguf_info import ModelSpec
 
 
 @dataclass
@@ -128,16 +139,34 @@ class Chunk:
 
 @runtime_checkable
 class Engine(Protocol):
+    """A loaded model (``backends.load_engine``). Not thread-safe: one thread drives it."""
+
     backend: str  # "llamacpp" | "mlx"
-    model_path: str
+    model_path: str  # the .gguf file or MLX folder it was loaded from
     n_ctx: int  # context window per sequence, tokens
+    spec: ModelSpec | None  # the GGUF header; None for an MLX folder
+    add_bos: bool | None  # whether tokenize(add_special=True) starts with BOS (None: the tokenizer decides)
 
     @property
     def has_chat_template(self) -> bool: ...
 
+    @property
+    def template_source(self) -> str | None:
+        """The Jinja chat template in use (the model's or ``--chat-template``'s), None without one."""
+        ...
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether that template renders a ``tools`` list (``chat_template.template_supports_tools``)."""
+        ...
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends a generation (EOS, end of turn)."""
+        ...
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str: ...
@@ -161,3 +190,92 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Generation(Protocol):
+    """A request running on a ``BatchEngine`` sequence, as ``start`` returns it. The scheduler and bench
+    read these fields (the engine writes them); everything else in it is the engine's own."""
+
+    prompt: list[int]  # the prompt's token ids
+    params: SamplingParams
+    cached_tokens: int  # prompt tokens whose KV was reused (prefix cache), not prefilled again
+    t_start: float  # perf_counter seconds when ``start`` took the request
+    finish_reason: str | None  # set by the ``step`` that produced the last chunk
+
+    @property
+    def done(self) -> bool:
+        """``finish_reason is not None``: ``step`` skips it, the caller releases it."""
+        ...
+
+
+@runtime_checkable
+class BatchEngine(Engine, Protocol):
+    """An ``Engine`` that decodes up to ``n_parallel`` sequences together (continuous batching), driven
+    from ONE thread (``server/scheduler.py``)::
+
+        slot = engine.acquire_slot(prompt)          # None: every slot is busy, keep the request queued
+        gen = engine.start(prompt, params, slot)    # raises ContextOverflowError, LocalrunError
+        while not gen.done:
+            for g, chunk in engine.step([gen, ...]):  # one decode for all; chunk.finish_reason on the last
+                ...
+        engine.release(gen, keep_kv=True)           # keep_kv=False: a cancelled or failed request
+
+    ``interrupt()`` is the one method any thread may call (a signal handler too).
+    """
+
+    n_parallel: int  # sequences decoded together (slots)
+    n_vocab: int  # vocabulary size, tokens; valid ids are 0..n_vocab-1
+    serial: bool  # True: requests run one at a time (SerialEngine), never batched together
+
+    def acquire_slot(self, prompt: Sequence[int]) -> object | None:
+        """A free slot for ``prompt`` (the one whose cached tokens share the longest prefix with it), or
+        None when every slot is busy."""
+        ...
+
+    def start(self, prompt: Sequence[int], params: SamplingParams, slot: object | None = None) -> Generation:
+        """Take ``slot`` (or acquire one) for ``prompt``, reusing its cached prefix; no model work yet.
+        Raises ContextOverflowError (no room to generate), LocalrunError (a bad token id, a grammar the
+        backend lacks), BackendError (no free slot)."""
+        ...
+
+    def step(self, gens: Sequence[Generation]) -> list[tuple[Generation, Chunk]]:
+        """One forward pass for the running ``gens`` → the chunks it produced (at most one per
+        generation; a generation still prefilling may produce none). Raises BackendError (the decode
+        failed), KeyboardInterrupt (``interrupt()`` cut a prefill short; every slot stays consistent)."""
+        ...
+
+    def release(self, gen: Generation, *, keep_kv: bool = True) -> None:
+        """Free ``gen``'s slot. ``keep_kv`` keeps its tokens' KV as prefix cache for later prompts."""
+        ...
+
+    def kv_cells_used(self) -> int:
+        """Tokens held in the KV cache over all slots."""
+        ...
+
+    def interrupt(self) -> None:
+        """From any thread: make a ``step`` in progress return early (raising KeyboardInterrupt in the
+        driving thread), where the backend can; otherwise the step ends on its own."""
+        ...
+
+
+@runtime_checkable
+class SingleStreamEngine(Engine, Protocol):
+    """An ``Engine`` with one sequence and one KV cache that it reuses across generations (MLX), as
+    ``SerialEngine`` wraps it: ``generate(tokens)`` opens a generator that prefills on its first
+    ``next()``; closing it early stops decoding and leaves the engine usable."""
+
+    n_vocab: int
+
+    def reuse_prefix(self, prompt: list[int]) -> int:
+        """Trim the cache to the longest prefix it shares with ``prompt`` → that length (tokens,
+        < ``len(prompt)``); a later ``generate(prompt)`` then prefills only the rest."""
+        ...
+
+    def reset_cache(self) -> None:
+        """Drop the cached KV."""
+        ...
+
+    def kv_cells_used(self) -> int:
+        """Tokens held in the cache."""
+        ...

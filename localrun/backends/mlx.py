@@ -20,8 +20,9 @@ Sampling follows llama.cpp's chain order (common/sampling.cpp): logit bias, pena
 min-p, temperature, then a categorical draw from ``mx.random`` keyed by ``seed`` (greedy when
 temperature <= 0). GBNF grammars are llama.cpp-only (BackendUnavailableError).
 
-**What ``serve`` does on MLX**: there is no multi-sequence ``step()`` here, so the server runs requests
-one at a time through ``chat``/``generate`` (a queue; the next request starts when the previous one's
+**What ``serve`` does on MLX**: there is no multi-sequence ``step()`` here (a ``SingleStreamEngine``, not a
+``BatchEngine``), so ``backends.as_batch_engine`` wraps it in ``SerialEngine`` and the server runs requests
+one at a time through ``generate`` (a queue; the next request starts when the previous one's
 generator is finished or closed). Closing a generator early (client disconnect, Ctrl-C) stops decoding
 and leaves the engine usable: the KV of what was decoded stays cached and is reused by the next request
 when it shares the prefix. Starting a new generation while an old generator is still open closes the
@@ -112,6 +113,7 @@ class MlxEngine:
         self.n_ctx = int(plan.n_ctx) if not max_pos else min(int(plan.n_ctx), max_pos)
         self.n_batch = max(1, int(getattr(plan, "n_batch", 512) or 512))
         self.n_parallel = 1
+        self.n_vocab = int(self.config.get("vocab_size") or len(self.tokenizer))  # tokens
         hf = self.tokenizer
         self.bos_id = hf.bos_token_id
         self.bos_text = hf.bos_token or ""
@@ -169,6 +171,16 @@ class MlxEngine:
     @property
     def has_chat_template(self) -> bool:
         return self._template is not None
+
+    @property
+    def template_source(self) -> str | None:
+        return self._template.source if self._template is not None else None
+
+    @property
+    def supports_tools(self) -> bool:
+        from localrun.chat_template import template_supports_tools
+
+        return template_supports_tools(self.template_source)
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog_ids
@@ -304,7 +316,11 @@ class MlxEngine:
         """The tokens whose KV the cache holds (a copy)."""
         return list(self._cache_tokens)
 
-    def _reuse_prefix(self, prompt: list[int]) -> int:
+    def kv_cells_used(self) -> int:
+        """Tokens whose KV the cache holds."""
+        return len(self._cache_tokens)
+
+    def reuse_prefix(self, prompt: list[int]) -> int:
         """Trim the KV cache to the longest prefix it shares with ``prompt``; return its length (< len(prompt),
         so at least the last prompt token is decoded again for its logits)."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
@@ -364,7 +380,7 @@ class MlxEngine:
         procs = self.make_processors(p)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         key = mx.random.key(int(seed) & 0xFFFFFFFF)
-        n_keep = self._reuse_prefix(prompt)
+        n_keep = self.reuse_prefix(prompt)
         generated: list[int] = []
         stream = TextStream(p, self.n_ctx)
         t_first = t_prefill = 0.0

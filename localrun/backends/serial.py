@@ -1,8 +1,9 @@
-"""``SerialEngine``: the server's multi-sequence engine API on top of a single-stream engine, with ONE slot.
+"""``SerialEngine``: a single-stream engine as a ``BatchEngine`` with ONE slot (``base.py``).
 
-The server's scheduler (``localrun/server/scheduler.py``) drives ``acquire_slot`` / ``start`` / ``step`` /
-``release``, the API of ``LlamaCppEngine``'s multi-sequence context. A backend that only has the
-``Engine`` protocol's single-stream ``generate`` generator (MLX: ``MlxEngine``) is wrapped here:
+The server's scheduler (``localrun/server/scheduler.py``) and bench drive ``acquire_slot`` / ``start`` /
+``step`` / ``release``, the ``BatchEngine`` API that ``LlamaCppEngine`` implements. A backend that has
+only the ``Engine`` protocol's single-stream ``generate`` generator and one prefix cache
+(``SingleStreamEngine``: MLX's ``MlxEngine``) is wrapped here, by ``backends.as_batch_engine`` alone:
 
 * ``n_parallel = 1``: ``acquire_slot`` returns the one slot while it is free, ``None`` while a request runs,
   so the scheduler keeps later requests in its queue and **requests are served one at a time**, in arrival
@@ -13,15 +14,15 @@ The server's scheduler (``localrun/server/scheduler.py``) drives ``acquire_slot`
 * ``release(gen, keep_kv)`` closes the generator (decoding stops at once; the engine stays usable).
   ``keep_kv=False`` (a cancelled or failed request) also drops the engine's cached KV.
 
-Prefix caching is the wrapped engine's own: ``MlxEngine`` keeps the KV of the last sequence and reuses
-the longest common prefix with the next prompt (``_reuse_prefix``), so ``Generation.cached_tokens`` and the
-final ``Stats.cached_tokens`` report the reused tokens, as with llama.cpp's slots.
+Prefix caching is the wrapped engine's own: it keeps the KV of the last sequence and reuses the longest
+common prefix with the next prompt (``reuse_prefix``), so ``Generation.cached_tokens`` and the final
+``Stats.cached_tokens`` report the reused tokens, as with llama.cpp's slots.
 
-Every other attribute (``n_ctx``, ``backend``, ``model_path``, ``spec``, ``has_chat_template``,
-``apply_chat_template``, ``detokenize``, ``chat``, ``generate``, ``close``, …) is the wrapped engine's.
-``tokenize`` is serialized by a lock: the server tokenizes in worker threads, and ``MlxEngine.tokenize``
-toggles a flag on its shared Hugging Face tokenizer around each call. Not thread-safe otherwise: like the
-engines, one thread (the scheduler's) drives ``start``/``step``/``release``.
+The ``Engine`` half (``n_ctx``, ``backend``, ``model_path``, ``spec``, the template, ``detokenize``,
+``generate``, ``close``, …) is the wrapped engine's, each forwarded by name. ``tokenize`` and
+``tokenize_chat`` are serialized by a lock: the server tokenizes in worker threads, and
+``MlxEngine.tokenize`` toggles a flag on its shared Hugging Face tokenizer around each call. Not
+thread-safe otherwise: like the engines, one thread (the scheduler's) drives ``start``/``step``/``release``.
 """
 
 from __future__ import annotations
@@ -29,20 +30,23 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-from localrun.backends.base import Chunk, SamplingParams, Stats
+from localrun.backends.base import BatchEngine, Chunk, Message, SamplingParams, SingleStreamEngine, Stats
 from localrun.errors import BackendError
+
+if TYPE_CHECKING:
+    from localrun.gguf_info import ModelSpec
 
 SERIAL_NOTE = "requests served one at a time"
 
 
-def serving_mode(engine) -> str:
+def serving_mode(engine: BatchEngine) -> str:
     """How the server runs ``engine``'s requests, for ``serve``'s start-up line and ``/api/ps``:
     ``"llamacpp, 4 parallel sequences"`` or ``"mlx, requests served one at a time"``."""
-    if getattr(engine, "serial", False):
+    if engine.serial:
         return f"{engine.backend}, {SERIAL_NOTE}"
-    n = getattr(engine, "n_parallel", 1)
+    n = engine.n_parallel
     return f"{engine.backend}, {n} parallel sequence{'s' if n != 1 else ''}"
 
 
@@ -73,45 +77,89 @@ class SerialGeneration:
 
 
 class SerialEngine:
-    """Wrap a single-stream ``engine`` (``generate(tokens, params)`` → Chunk generator) for the server.
+    """``engine`` (a ``SingleStreamEngine``) as a ``BatchEngine`` with one slot, for the server and bench.
 
-    ``n_parallel`` is 1; ``n_vocab`` is the model's vocabulary size (``config["vocab_size"]`` for MLX,
-    tokens), ``kv_cells_used()`` the number of tokens in the engine's KV cache.
+    ``n_parallel`` is 1; ``n_vocab`` is the model's vocabulary size (tokens), ``kv_cells_used()`` the
+    number of tokens in the engine's KV cache.
     """
 
     n_parallel = 1
     serial = True  # the server says "requests served one at a time"
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine: SingleStreamEngine) -> None:
         self.engine = engine
         self.slot = SerialSlot()
         self._tok_lock = threading.Lock()
-        cfg = getattr(engine, "config", None) or {}
-        n_vocab = getattr(engine, "n_vocab", None) or cfg.get("vocab_size")
-        if not n_vocab:
-            tok = getattr(engine, "tokenizer", None)
-            n_vocab = len(tok) if tok is not None else 0
-        self.n_vocab = int(n_vocab)
 
-    def __getattr__(self, name: str):
-        # only called for attributes not found on the adapter: the wrapped engine's facts and methods
-        if name == "engine":
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    # ------------------------------------------------------------------ the Engine half: the wrapped engine's
+    @property
+    def backend(self) -> str:
+        return self.engine.backend
 
-    # ------------------------------------------------------------------ thread-safe helpers
+    @property
+    def model_path(self) -> str:
+        return self.engine.model_path
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.engine.n_vocab
+
+    @property
+    def spec(self) -> ModelSpec | None:
+        return self.engine.spec
+
+    @property
+    def add_bos(self) -> bool | None:
+        return self.engine.add_bos
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.engine.has_chat_template
+
+    @property
+    def template_source(self) -> str | None:
+        return self.engine.template_source
+
+    @property
+    def supports_tools(self) -> bool:
+        return self.engine.supports_tools
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         with self._tok_lock:
             return self.engine.tokenize(text, add_special=add_special, parse_special=parse_special)
 
-    def tokenize_chat(self, messages, **kw) -> tuple[str, list[int]]:
+    def tokenize_chat(self, messages: Sequence[Message], **kw) -> tuple[str, list[int]]:
         with self._tok_lock:
             return self.engine.tokenize_chat(messages, **kw)
 
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.engine.detokenize(tokens)
+
+    def is_eog(self, token: int) -> bool:
+        return self.engine.is_eog(token)
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        return self.engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
+                 parse_special: bool = True) -> Iterator[Chunk]:
+        return self.engine.generate(prompt, params, parse_special=parse_special)
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams,
+             tools: list[dict] | None = None) -> Iterator[Chunk]:
+        return self.engine.chat(messages, params, tools)
+
     def kv_cells_used(self) -> int:
         """Tokens whose KV the wrapped engine holds (its one cache)."""
-        cached = getattr(self.engine, "_cache_tokens", None)
-        return len(cached) if cached is not None else 0
+        return self.engine.kv_cells_used()
+
+    def interrupt(self) -> None:
+        """Nothing to cut short: a step is one token, or one prompt's prefill, and ends on its own."""
 
     # ------------------------------------------------------------------ the scheduler's API
     def acquire_slot(self, prompt: Sequence[int]) -> SerialSlot | None:
@@ -129,10 +177,9 @@ class SerialEngine:
         prompt = list(prompt)
         stream = self.engine.generate(prompt, params)
         cached = 0
-        reuse = getattr(self.engine, "_reuse_prefix", None)
-        if prompt and reuse is not None:
+        if prompt:
             # trims the engine's cache to the shared prefix now; the generator's own call is then a no-op
-            cached = int(reuse(prompt))
+            cached = int(self.engine.reuse_prefix(prompt))
         slot.busy = True
         return SerialGeneration(slot=slot, prompt=prompt, params=params, cached_tokens=cached, stream=stream)
 
@@ -168,9 +215,7 @@ class SerialEngine:
                 stream.close()  # MlxEngine's finally block leaves its cache consistent
             finally:
                 if not keep_kv:
-                    reset = getattr(self.engine, "reset_cache", None)
-                    if reset is not None:
-                        reset()
+                    self.engine.reset_cache()
         if gen.slot is self.slot:
             self.slot.busy = False
 

@@ -137,8 +137,8 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
     """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …
 
     ``backend`` (``--backend``, else LOCALRUN_BACKEND, else llamacpp): llama.cpp gets one context with
-    ``parallel`` sequences (continuous batching); any other backend (MLX) is planned for one sequence and
-    wrapped in ``SerialEngine``, so the server runs its requests one at a time."""
+    ``parallel`` sequences (continuous batching); any other backend (MLX) is planned for one sequence
+    (``create_app`` then serves its requests one at a time: ``backends.as_batch_engine``)."""
     from localrun.loading import load_model
 
     backend = backend or settings.backend or "llamacpp"
@@ -146,12 +146,7 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
     loaded = load_model(model, backend=backend, n_ctx=ctx, n_parallel=1 if serial else parallel,
                         n_threads=threads, kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template,
                         force=force, models_dir=settings.models_dir)
-    engine, plan, hw = loaded.engine, loaded.plan, loaded.hardware
-    if not hasattr(engine, "step"):  # a single-stream engine (MLX): one request at a time
-        from localrun.backends.serial import SerialEngine
-
-        engine = SerialEngine(engine)
-    return engine, plan, hw.to_dict()
+    return loaded.engine, loaded.plan, loaded.hardware.to_dict()
 
 
 def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
@@ -182,8 +177,9 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    mode = (f"{serving_mode(engine)}, {engine.n_ctx} tokens of context" if getattr(engine, "serial", False)
-            else f"{engine.n_parallel} parallel × {engine.n_ctx} tokens")  # MLX: one at a time (SerialEngine)
+    served = st.engine  # the BatchEngine the scheduler drives (MLX's: one request at a time)
+    mode = (f"{serving_mode(served)}, {served.n_ctx} tokens of context" if served.serial
+            else f"{served.n_parallel} parallel × {served.n_ctx} tokens")
     stderr().print(f"localrun: serving [bold]{st.model_id}[/] on http://{url_host}:{settings.port} "
                    f"({mode}"
                    f"{', API key required' if settings.api_key else ''}) — OpenAI base URL "

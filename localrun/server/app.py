@@ -24,6 +24,8 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
+from localrun.backends import as_batch_engine
+from localrun.backends.base import Engine
 from localrun.errors import LocalrunError
 from localrun.server.errors import QueueFullError, error_body, error_info
 from localrun.server.metrics import ServerMetrics
@@ -38,10 +40,11 @@ _KNOWN_PATHS = {"/", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
                 "/health", "/metrics"}
 
 
-def create_app(engine, settings, options: ServeOptions | None = None, *, embedder_factory=None):
-    """Build the app for a loaded ``engine`` (``LlamaCppEngine``: ``acquire_slot``/``start``/``step``/
-    ``release``). ``embedder_factory(engine)`` makes the ``/v1/embeddings`` context on first use (default:
-    ``LlamaCppEmbedder`` for llama.cpp engines)."""
+def create_app(engine: Engine, settings, options: ServeOptions | None = None, *, embedder_factory=None):
+    """Build the app for a loaded ``engine``. The scheduler drives it as a ``BatchEngine``
+    (``backends.as_batch_engine``: llama.cpp's as it is, MLX's one request at a time); the app's
+    ``state.localrun.engine`` is that ``BatchEngine``. ``embedder_factory(engine)`` makes the
+    ``/v1/embeddings`` context on first use (default: ``LlamaCppEmbedder`` for llama.cpp engines)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError
@@ -51,17 +54,14 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
     from localrun.server import ollama_api, openai_api
 
     options = options or ServeOptions(api_key=settings.api_key)
-    if not hasattr(engine, "step"):  # a single-stream engine (MLX): one slot, requests served one at a time
-        from localrun.backends.serial import SerialEngine
-
-        engine = SerialEngine(engine)
+    engine = as_batch_engine(engine)
     if embedder_factory is None and engine.backend == "llamacpp":
         from localrun.backends.llamacpp_embed import LlamaCppEmbedder
 
         embedder_factory = LlamaCppEmbedder
     elif embedder_factory is None:
         embedder_factory = _no_embeddings
-    metrics = ServerMetrics(getattr(engine, "n_parallel", 1), engine.n_ctx * getattr(engine, "n_parallel", 1))
+    metrics = ServerMetrics(engine.n_parallel, engine.n_ctx * engine.n_parallel)
     st = ServerState(engine, settings, options, metrics, embedder_factory)
 
     @asynccontextmanager
@@ -119,7 +119,7 @@ def create_app(engine, settings, options: ServeOptions | None = None, *, embedde
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         return {"status": "ok", "model": st.model_id, "active_sequences": st.scheduler.n_running,
-                "queued": st.scheduler.n_waiting, "n_parallel": getattr(engine, "n_parallel", 1)}
+                "queued": st.scheduler.n_waiting, "n_parallel": engine.n_parallel}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

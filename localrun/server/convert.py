@@ -133,11 +133,6 @@ def sampling_from_ollama(opts, fmt, *, stop_loops: bool = False) -> SamplingPara
     return p
 
 
-def template_supports_tools(source: str | None) -> bool:
-    """Whether a Jinja chat template renders a ``tools`` list (HF templates that support tool use read it)."""
-    return bool(source) and re.search(r"\btools\b", source) is not None
-
-
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 

@@ -44,8 +44,8 @@ def register(app: FastAPI, st: ServerState) -> None:
         if name and not st.serves(name):
             raise ModelNotFoundError(name, hint=f"this server serves {st.model_id!r} (GET /api/tags)")
         spec = st.spec
-        tpl = getattr(getattr(st.engine, "_template", None), "source", "") or ""
-        caps = ["completion"] + (["tools"] if cv.template_supports_tools(tpl) else []) + ["embedding"]
+        tpl = st.engine.template_source or ""
+        caps = ["completion"] + (["tools"] if st.engine.supports_tools else []) + ["embedding"]
         info = {"general.architecture": spec.arch, "general.name": spec.name,
                 "general.parameter_count": spec.n_params, "general.file_type": spec.file_type,
                 f"{spec.arch}.context_length": spec.n_ctx_train, f"{spec.arch}.block_count": spec.n_layer,
@@ -102,7 +102,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         tools = [t.model_dump() for t in req.tools] if req.tools else None
         for m in req.messages:
             _no_images(m.images)
-        if tools and not cv.template_supports_tools(getattr(getattr(st.engine, "_template", None), "source", None)):
+        if tools and not st.engine.supports_tools:
             raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
         msgs = cv.messages_from_ollama(req.messages)
         prompt, tokens = await st.chat_tokens(msgs, tools)
@@ -164,7 +164,7 @@ def register(app: FastAPI, st: ServerState) -> None:
             msgs = ([Message("system", req.system)] if req.system and not context else []) + [Message("user", req.prompt)]
             prompt, new = await st.chat_tokens(msgs)
         bos = getattr(st.spec, "bos_token_id", None)
-        if context and new and getattr(st.engine, "add_bos", False) and new[0] == bos:
+        if context and new and st.engine.add_bos and new[0] == bos:
             new = new[1:]  # the tokenizer added a BOS: keep only the one at the start of the context
         tokens = context + new
         st.check_fits(tokens, "prompt")

@@ -153,7 +153,7 @@ def _encode(vec: list[float], fmt: str):
 
 def _model_card(st: ServerState) -> dict:
     return {"id": st.model_id, "object": "model", "created": int(st.started_s), "owned_by": "localrun",
-            "meta": {"n_ctx": st.engine.n_ctx, "n_parallel": getattr(st.engine, "n_parallel", 1),
+            "meta": {"n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel,
                      "path": st.engine.model_path}}
 
 
@@ -161,8 +161,7 @@ def _tools(st: ServerState, req: ChatCompletionRequest) -> list[dict] | None:
     """Tools for the chat template, or a 400 when this model's template has no tool support."""
     if not req.tools or req.tool_choice == "none":
         return None
-    tpl = getattr(getattr(st.engine, "_template", None), "source", None)
-    if not cv.template_supports_tools(tpl):
+    if not st.engine.supports_tools:
         raise RequestError(f"{st.model_id}'s chat template does not support tools",
                            param="tools", code="tools_unsupported",
                            hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from localrun.backends.base import Chunk, Message, SamplingParams, Stats
+from localrun.backends.base import BatchEngine, Chunk, Message, SamplingParams, Stats
 from localrun.errors import ContextOverflowError
 from localrun.server.errors import RequestError
 from localrun.server.scheduler import Job, Scheduler
@@ -59,14 +59,14 @@ class ServeOptions:
 class ServerState:
     """Everything one app instance holds: engine, scheduler, metrics, options, model facts."""
 
-    def __init__(self, engine, settings, options: ServeOptions, metrics, embedder_factory=None) -> None:
+    def __init__(self, engine: BatchEngine, settings, options: ServeOptions, metrics, embedder_factory=None) -> None:
         self.engine = engine
         self.settings = settings
         self.options = options
         self.metrics = metrics
         self.scheduler = Scheduler(engine, metrics, max_queue=options.max_queue)
         # the GGUF header, or (an MLX folder has none) what its config.json says
-        self.spec = getattr(engine, "spec", None)
+        self.spec = engine.spec
         if self.spec is None:
             from localrun.server.convert import folder_facts
 

@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from localrun.backends.base import Chunk, SamplingParams
+from localrun.backends.base import BatchEngine, Chunk, Generation, SamplingParams
 from localrun.errors import BackendError, LocalrunError
 from localrun.server.errors import QueueFullError, ShuttingDownError
 
@@ -55,7 +55,7 @@ class Job:
     token_count: int = 0  # tokens delivered
     cancelled: bool = False
     finished: bool = False
-    gen: Any = None  # the engine's Generation once admitted
+    gen: Generation | None = None  # the engine's Generation once admitted
 
     def push(self, kind: str, value) -> None:
         try:
@@ -65,14 +65,16 @@ class Job:
 
 
 class Scheduler:
-    """Owns ``engine`` (not thread-safe) on one thread; ``submit``/``cancel``/``shutdown`` may be called from
-    any thread (``shutdown`` from a signal handler too: the lock is re-entrant)."""
+    """Owns ``engine`` (a ``BatchEngine``, not thread-safe) on one thread; ``submit``/``cancel``/``shutdown``
+    may be called from any thread (``shutdown`` from a signal handler too: the lock is re-entrant).
 
-    def __init__(self, engine, metrics, *, max_queue: int = 64) -> None:
+    ``metrics`` is a ``server.metrics.ServerMetrics`` (gauges, counters and histograms it updates)."""
+
+    def __init__(self, engine: BatchEngine, metrics, *, max_queue: int = 64) -> None:
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
-        self.n_slots = int(getattr(engine, "n_parallel", 1))
+        self.n_slots = int(engine.n_parallel)
         self._cond = threading.Condition(threading.RLock())
         self._pending: deque[Job] = deque()
         self._calls: deque[Job] = deque()
@@ -98,9 +100,8 @@ class Scheduler:
             self._calls.clear()
             self.metrics.queue_depth.set(0)
             self._cond.notify_all()
-            interrupt = getattr(self.engine, "interrupt", None)
-            if self._in_step and interrupt is not None:
-                interrupt()  # a prefill llama_decode returns between two graph nodes (llama_set_abort_callback)
+            if self._in_step:  # a prefill llama_decode returns between graph nodes (llama_set_abort_callback)
+                self.engine.interrupt()
         for job in jobs:
             if not job.finished:
                 job.cancelled = True
