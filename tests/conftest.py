@@ -4,11 +4,54 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LOCALRUN_DEBUG", "")
+
+# a test that uses one of these fixtures loads a real model (llama.cpp or MLX): marked `model`, so the fast
+# tier `pytest -m "not model"` leaves it out. Tests that spawn `localrun` on a model carry the mark themselves.
+MODEL_FIXTURES = frozenset({"smollm_path", "gemma_path", "smollm_engine"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """Under ``-m "not model"``, a test file that marks all its tests ``model`` (a module-level
+    ``pytestmark = pytest.mark.model`` line) is not imported at all: its imports (mlx_lm, openai) alone
+    take seconds, and every test in it would be deselected anyway."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if not _markexpr_deselects_model(config.getoption("markexpr", "") or ""):
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return True if _MODULE_MARK.search(text) else None
+
+
+_MODULE_MARK = re.compile(r"^pytestmark = pytest\.mark\.model\b", re.M)
+
+
+def _markexpr_deselects_model(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` deselects a test marked ``model``, whatever its other marks (the expression
+    is false both with ``model`` as its only mark and with every mark set)."""
+    if not markexpr.strip():
+        return False
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own -m parser (no public API for it)
+
+        expr = Expression.compile(markexpr)
+        return not expr.evaluate(lambda name: name == "model") and not expr.evaluate(lambda name: True)
+    except Exception:  # another pytest: collect everything, -m still deselects
+        return False
 
 
 def _pkg_file(pkg: str, name: str) -> Path:

@@ -24,6 +24,8 @@ import pytest
 
 from localrun.backends.base import SamplingParams
 
+pytestmark = pytest.mark.model  # loads SmolLM2 and Gemma-3 (request.getfixturevalue: not seen by conftest)
+
 N_SEQ = 8
 LOGPROB_TOL = 0.05  # nats; measured rounding ≤ 0.018 (docstring); the repack fault: 0.15
 PROMPTS = [

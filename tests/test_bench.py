@@ -72,6 +72,7 @@ def check_report(rep: dict, *, levels: list[int], n_req: int, prompt_tokens: int
         assert lv["energy"]["joules"] is not None and lv["energy"]["source"]
 
 
+@pytest.mark.model  # `localrun bench` runs the embedded model in a subprocess
 def test_in_process_bench_json_plot_and_calibrate(tmp_path, isolated_home):
     png = tmp_path / "bench.png"
     p = bench("--concurrency", "1,2", "--requests", "2", "--prompt-tokens", "24", "--max-tokens", "8",
@@ -114,6 +115,7 @@ def test_in_process_bench_json_plot_and_calibrate(tmp_path, isolated_home):
     assert not list(tmp_path.glob(".bench-plot*"))
 
 
+@pytest.mark.model  # `localrun bench` runs the embedded model in a subprocess
 def test_table_output_shows_levels_and_prediction():
     p = bench("--concurrency", "1", "--requests", "1", "--prompt-tokens", "16", "--max-tokens", "4", "--no-warmup",
               "--threads", "1")

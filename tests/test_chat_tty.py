@@ -8,6 +8,7 @@ import pytest
 from helpers import drive_chat_session
 
 pexpect = pytest.importorskip("pexpect")
+pytestmark = pytest.mark.model  # `localrun chat` on the embedded SmolLM2, in a subprocess
 
 
 def test_interactive_session(isolated_home):

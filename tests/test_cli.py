@@ -102,6 +102,7 @@ def test_hint_with_brackets_is_printed_verbatim(tmp_path):
     assert r.returncode == 2 and "missing[1].gguf" in r.stderr.replace("\n", "")
 
 
+@pytest.mark.model  # `localrun chat` on the embedded model
 def test_one_shot_says_on_stderr_what_the_context_policy_dropped():
     """A prompt longer than --ctx: rolling keeps its end and says so on stderr (stdout stays the answer);
     stop refuses with exit 6 and the ContextOverflowError message."""

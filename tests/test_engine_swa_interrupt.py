@@ -11,6 +11,8 @@ import pytest
 
 from localrun.backends.base import Message, SamplingParams
 
+pytestmark = pytest.mark.model  # every test here loads a real model
+
 GREEDY = SamplingParams(temperature=0, max_tokens=24, logprobs=2)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.model  # every test here loads a real model
+
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 

@@ -23,6 +23,8 @@ import httpx
 import pytest
 from helpers import ServerThread, drive_chat_session, stream_and_full
 
+pytestmark = pytest.mark.model  # every test here loads a real model
+
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 openai = pytest.importorskip("openai")

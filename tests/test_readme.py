@@ -87,6 +87,7 @@ def test_readme_has_the_examples_this_test_checks():
     assert all("model_part_0000" not in c for c in cmds), "a file a newcomer does not have"
 
 
+@pytest.mark.model  # the README's commands run a real model in subprocesses
 def test_interactive_chat_transcript(isolated_home):
     """The README's terminal session, typed line by line into a real pseudo-terminal."""
     pexpect = pytest.importorskip("pexpect")
@@ -119,6 +120,7 @@ def test_interactive_chat_transcript(isolated_home):
     assert child.exitstatus == 0
 
 
+@pytest.mark.model  # the README's commands run a real model in subprocesses
 def test_one_shot_and_planner_examples(isolated_home):
     """Every example but the interactive session and the server: exit status, the error it shows, and the
     output where it is the same on every machine (the planner's with a --preset, inspect, a margin-checked
@@ -144,6 +146,7 @@ def test_one_shot_and_planner_examples(isolated_home):
     assert done >= 5
 
 
+@pytest.mark.model  # the README's commands run a real model in subprocesses
 def test_serve_and_curl_examples(isolated_home):
     """`localrun serve` as the README starts it, then its curl commands against it (the port moved to a
     free one: the README's 11500 may be taken on a test machine)."""

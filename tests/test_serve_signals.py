@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = pytest.mark.model  # every test here loads a real model
+
 pytest.importorskip("uvicorn")
 
 EXIT_BOUND_S = 2.0

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from helpers import ServerThread, stream_and_full
 
+pytestmark = pytest.mark.model  # every test here loads a real model
+
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
