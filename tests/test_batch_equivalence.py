@@ -7,16 +7,18 @@ The fault this guards (issue 19.10): Gemma-3's Q4_K weights were repacked by lla
 which takes the rows of a batch four at a time and the rest with a GEMV (ggml-cpu/repack.cpp); the two
 round differently enough to move Gemma's logits by up to 0.6, so a sequence's output depended on how
 many others were decoding (0.15 in log-probability, greedy text parting). The engine keeps repacked
-weights off when it runs several sequences: decode batches of any size then give bit-identical logits
-(same KV length). What remains is rounding of another kind: the attention kernels take other paths for
-one query row than for several streams, and for a longer masked KV (a long prompt in the batch raises
-every stream's n_kv; ggml-cpu/ops.cpp flash attention sums V in fp16, split-KV for a lone row past 512
-cells). Gemma-3 amplifies such ULP-level changes to ~1 in the largest logit over its 262k vocabulary, but
-the chosen token's log-probability moves by < 0.02 (measured: 0.0176 worst, Gemma; 0.0085 SmolLM2).
-llama-server documents the same batch-size dependence. So each step of each sequence is checked against
-its solo run: the solo token's log-probability differs by at most ``LOGPROB_TOL``, and where the solo
-run's top-1/top-2 margin is wider than ``2 × LOGPROB_TOL`` the token is the same. A sequence is compared
-up to its first token at a near-tie that went the other way (after that the runs see different text)."""
+weights off when it runs several sequences: decode batches of sequences with equal KV lengths then give
+bit-identical logits for every batch size (SmolLM2 and Gemma-3).
+
+OPEN (Gemma-3, xfail): when sequences of different KV lengths share a batch (here a 730-token prompt
+with short ones), some streams' logits still differ from their solo run, deterministically, by up to ~1
+in the largest logit and 0.21 in the chosen token's log-probability (0.19 with repacking on: the repack
+was not the whole cause). It also happens with flash attention off and with kv_unified, and not on
+SmolLM2 (max 0.0085, the split-KV flash-attention rounding past 512 cells). Reproduction: two sequences
+of different lengths plus a third > 512 tokens, one decode token each, batched vs alone (see the
+report of helper E). Each step of each sequence is checked against its solo run: the solo token's
+log-probability within ``LOGPROB_TOL``, the same token where the solo top-1/top-2 margin is wider than
+``WIDE_MARGIN``, compared up to the first near-tie that went the other way."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from localrun.backends.base import SamplingParams
 pytestmark = pytest.mark.model  # loads SmolLM2 and Gemma-3 (request.getfixturevalue: not seen by conftest)
 
 N_SEQ = 8
-LOGPROB_TOL = 0.05  # nats; measured rounding ≤ 0.018 (docstring); the repack fault: 0.15
+LOGPROB_TOL = 0.02  # nats (SmolLM2 measured 0.0085; Gemma 0.21: open, see the docstring)
+WIDE_MARGIN = 2 * LOGPROB_TOL
 PROMPTS = [
     "Once upon a time",
     "The capital of France is",
@@ -64,13 +67,14 @@ def _compare(solo, batched):
     worst, n = 0.0, 0
     for (t_s, lp_s, m_s), (t_b, lp_b, _) in zip(solo, batched):
         if t_s != t_b:
-            assert m_s < 2 * LOGPROB_TOL, f"token {t_b} instead of {t_s} at a margin of {m_s:.3f}"
+            assert m_s < WIDE_MARGIN, f"token {t_b} instead of {t_s} at a margin of {m_s:.3f}"
             break
         worst, n = max(worst, abs(lp_s - lp_b)), n + 1
     return worst, n
 
 
-@pytest.mark.parametrize("model", ["smollm", "gemma"])
+@pytest.mark.parametrize("model", ["smollm", pytest.param("gemma", marks=pytest.mark.xfail(
+    strict=True, reason="open: Gemma-3 logits depend on the other sequences' KV lengths (docstring)"))])
 def test_eight_concurrent_greedy_sequences_equal_their_solo_runs(model, request):
     path = request.getfixturevalue(f"{model}_path")
     eng = _engine(path, N_SEQ)
