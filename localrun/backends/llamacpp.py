@@ -103,8 +103,9 @@ class LlamaCppEngine:
         if self.batch_invariant:
             # several sequences: no repacked CPU weights. Their GEMM takes rows four at a time and the rest
             # with a GEMV (ggml-cpu/repack.cpp forward_mul_mat_one_chunk), which round differently: Gemma-3's
-            # logits moved by up to 0.6 with the batch size, and greedy text with them. Without it every
-            # batch size gives a sequence bit-identical logits (tests/test_batch_equivalence.py)
+            # logits moved by up to 0.6 with the batch size, and greedy text with them. Without it decode
+            # batches of equal-length sequences give bit-identical logits for every batch size (Gemma-3 still
+            # differs when lengths differ: open, tests/test_batch_equivalence.py)
             self._overrides = weight_overrides(cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0)))
             use_extra_bufts, self.repacked = False, False
         mp.use_extra_bufts = use_extra_bufts
