@@ -1,9 +1,8 @@
 """A scripted engine with no model, for testing the server's scheduler in milliseconds.
 
-``ScriptedEngine`` speaks the multi-sequence API the scheduler drives (``acquire_slot`` / ``start`` /
-``step`` / ``release``, ``kv_cells_used``, ``interrupt``, ``n_parallel``, ``n_vocab``) plus what
-``ServerState`` reads (``backend``, ``model_path``, ``n_ctx``, ``spec``, ``tokenize``, ``tokenize_chat``), so
-``create_app`` serves it too. Everything is deterministic:
+``ScriptedEngine`` is a ``BatchEngine`` (localrun/backends/base.py): the multi-sequence API the scheduler
+drives (``acquire_slot`` / ``start`` / ``step`` / ``release``, ``kv_cells_used``, ``interrupt``) and the
+``Engine`` half the server reads, so ``create_app`` serves it as it is. Everything is deterministic:
 
 * a token is a byte: ``tokenize(text)`` = ``list(text.encode())``, ``n_vocab`` = 256;
 * a generation replies with ``reply(prompt_tokens)`` (default: the prompt's text, echoed), one byte per
@@ -21,10 +20,12 @@ generations mid-stream; ``fail_start`` (a predicate on the prompt text, or an ex
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
-from localrun.backends.base import Chunk, SamplingParams, Stats
+from localrun.backends.base import Chunk, Message, SamplingParams, Stats
+from localrun.errors import BackendError
 
 GATE_TIMEOUT_S = 30.0  # a gated step waits at most this long, then fails (a test forgot to allow it)
 
@@ -45,6 +46,7 @@ class FakeGeneration:
     params: SamplingParams
     cached_tokens: int
     reply: list[int] | None
+    t_start: float = field(default_factory=time.perf_counter)
     n_generated: int = 0
     finish_reason: str | None = None
 
@@ -67,10 +69,12 @@ class ScriptedEngine:
     backend = "fake"
     model_path = "/nonexistent/scripted-fake.gguf"
     spec = None
+    add_bos = False
     has_chat_template = False
     supports_tools = False
     template_source = None
     n_vocab = 256
+    serial = False
 
     def __init__(self, n_parallel: int = 1, *, n_ctx: int = 256,
                  reply: Callable[[list[int]], str | None] | None = None,
@@ -124,10 +128,35 @@ class ScriptedEngine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return bytes(tokens).decode(errors="replace")
 
-    def tokenize_chat(self, messages, *, tools=None, add_generation_prompt: bool = True,
-                      parse_special_in_content: bool = False) -> tuple[str, list[int]]:
-        text = "".join(f"{m.role}: {m.content}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")
+    def is_eog(self, token: int) -> bool:
+        return False  # a reply ends by its script, never by a token
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        return "".join(f"{m.role}: {m.content}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")
+
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True, parse_special_in_content: bool = False
+                      ) -> tuple[str, list[int]]:
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         return text, self.tokenize(text)
+
+    # ------------------------------------------------------------------ one stream (the Engine half)
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
+                 parse_special: bool = True) -> Iterator[Chunk]:
+        """The scripted reply as one stream, through the same slots (``acquire_slot``/``start``/``step``)."""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        gen = self.start(tokens, params)
+        try:
+            while not gen.done:
+                for _, chunk in self.step([gen]):
+                    yield chunk
+        finally:
+            self.release(gen, keep_kv=gen.done)
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams,
+             tools: list[dict] | None = None) -> Iterator[Chunk]:
+        return self.generate(self.tokenize_chat(messages)[1], params)
 
     # ------------------------------------------------------------------ the scheduler's API
     def kv_cells_used(self) -> int:
@@ -146,7 +175,8 @@ class ScriptedEngine:
         if self.fail_start is not None and self.fail_start(text):
             raise RuntimeError(f"scripted start failure for {text!r}")
         slot = slot or self.acquire_slot(prompt)
-        assert slot is not None and not slot.busy, "start() on a busy slot"
+        if slot is None or slot.busy:
+            raise BackendError("no free sequence slot", hint="wait for a running request to finish")
         cached = min(_common_prefix(slot.tokens, prompt), len(prompt) - 1) if prompt else 0
         slot.busy, slot.tokens = True, list(prompt)
         reply = self.reply(prompt)

@@ -64,6 +64,20 @@ def count(metrics, name: str, **labels) -> float:
     return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
+def test_the_fake_keeps_the_engine_contract():
+    from localrun.backends import as_batch_engine
+    from localrun.backends.base import BatchEngine, Generation
+
+    eng = ScriptedEngine(2)
+    assert isinstance(eng, BatchEngine) and as_batch_engine(eng) is eng  # served as it is, not wrapped
+    gen = eng.start(eng.tokenize("hi"), SamplingParams())
+    assert isinstance(gen, Generation)
+    eng.release(gen)
+    chunks = list(eng.generate("echo me", SamplingParams(max_tokens=4)))
+    assert "".join(c.text for c in chunks) == "echo" and chunks[-1].finish_reason == "length"
+    assert not any(s.busy for s in eng.slots)
+
+
 def test_requests_are_admitted_in_arrival_order(make):
     eng, sched, _ = make(2)
 
