@@ -155,7 +155,7 @@ class ChatSession:
         if not p.parent.is_dir():
             raise ConfigError(f"cannot save to {p}: the folder {p.parent} does not exist",
                               hint="create it first, or give another path")
-        data = {"format": "localrun-chat/1", "model": getattr(self.engine, "model_path", None),
+        data = {"format": "localrun-chat/1", "model": self.engine.model_path,
                 "system": self.system, "messages": [m.to_dict() for m in self.messages]}
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:

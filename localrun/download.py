@@ -33,11 +33,11 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def _token() -> str | None:
+def hub_token() -> str | None:
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
-def _hub_errors(repo: str, what: str):
+def hub_errors(repo: str, what: str):
     """Context manager turning huggingface_hub / network exceptions into LocalrunErrors with a hint:
     ModelNotFoundError (exit 2) for a repository or file that does not exist, DownloadError (exit 10) for
     access, network and other hub failures."""
@@ -50,7 +50,7 @@ def _hub_errors(repo: str, what: str):
         try:
             yield
         except GatedRepoError:
-            has = "your HF_TOKEN has no access" if _token() else "no HF_TOKEN is set"
+            has = "your HF_TOKEN has no access" if hub_token() else "no HF_TOKEN is set"
             raise DownloadError(
                 f"{repo} is a gated repository and {has}",
                 hint=f"accept its license at https://huggingface.co/{repo}, create a read token at "
@@ -84,7 +84,7 @@ def _hub_errors(repo: str, what: str):
 
 # --- the download -----------------------------------------------------------------------------
 
-def _disk_free(path: Path) -> int:
+def free_disk_bytes(path: Path) -> int:
     p = path
     while not p.exists():
         p = p.parent
@@ -103,7 +103,7 @@ def read_sidecar(path: Path) -> dict | None:
         return None
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
@@ -137,7 +137,7 @@ def _stream_into(out, url, headers, st: _State, total, repo, file, on_progress) 
     """One GET (ranged when ``st.have`` > 0) appended to ``out``, updating ``st`` chunk by chunk."""
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
-    with _hub_errors(repo, file):
+    with hub_errors(repo, file):
         try:
             with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as r:
                 hf_raise_for_status(r)
@@ -160,7 +160,7 @@ def _stream_into(out, url, headers, st: _State, total, repo, file, on_progress) 
 
 
 def download_file(repo: str, file: str, dest: Path, *, revision: str = "main", expected_sha256: str | None = None,
-                  disk_free: Callable[[Path], int] = _disk_free,
+                  disk_free: Callable[[Path], int] = free_disk_bytes,
                   on_progress: Callable[[int, int], None] | None = None, retries: int = 3,
                   force: bool = False) -> dict:
     """Download ``repo``/``file`` to ``dest`` (via ``dest.partial``), verified; returns the sidecar dict.
@@ -176,8 +176,8 @@ def download_file(repo: str, file: str, dest: Path, *, revision: str = "main", e
     from localrun.hardware import fmt_bytes
 
     url = _file_url(repo, file, revision)
-    with _hub_errors(repo, file):
-        meta = get_hf_file_metadata(url, token=_token(), endpoint=hub_endpoint())
+    with hub_errors(repo, file):
+        meta = get_hf_file_metadata(url, token=hub_token(), endpoint=hub_endpoint())
     total = meta.size
     etag = (meta.etag or "").strip('"')
     sha256 = (expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None))
@@ -199,10 +199,10 @@ def download_file(repo: str, file: str, dest: Path, *, revision: str = "main", e
             f"not enough disk space for {file}: needs {fmt_bytes(need)}, {fmt_bytes(free)} free on "
             f"{dest.parent}",
             hint="free some space (`localrun rm MODEL`), or point LOCALRUN_MODELS at a bigger disk")
-    _write_json_atomic(pmeta, {"etag": etag, "size": total, "repo": repo, "file": file})
+    write_json_atomic(pmeta, {"etag": etag, "size": total, "repo": repo, "file": file})
     h = _hash_prefix(partial, have) if have else hashlib.sha256()
     resumed_from = have
-    headers = build_hf_headers(token=_token())
+    headers = build_hf_headers(token=hub_token())
     headers["Accept-Encoding"] = "identity"
     attempt = 0
     st = _State(have, h)
@@ -258,7 +258,7 @@ def split_parts(file: str) -> list[str]:
     return [file[: m.start()] + f"-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
 
 
-def _check_split_space(repo: str, parts: list[str], folder: Path, revision: str, disk_free) -> None:
+def check_split_space(repo: str, parts: list[str], folder: Path, revision: str, disk_free) -> None:
     """Refuse a split download before its first byte when all its parts together do not fit the disk."""
     from huggingface_hub import get_hf_file_metadata
 
@@ -266,8 +266,8 @@ def _check_split_space(repo: str, parts: list[str], folder: Path, revision: str,
 
     need = 0
     for part in parts:
-        with _hub_errors(repo, part):
-            size = get_hf_file_metadata(_file_url(repo, part, revision), token=_token(),
+        with hub_errors(repo, part):
+            size = get_hf_file_metadata(_file_url(repo, part, revision), token=hub_token(),
                                         endpoint=hub_endpoint()).size or 0
         done = folder / Path(part).name
         need += 0 if done.exists() and done.stat().st_size == size else size

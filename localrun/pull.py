@@ -29,8 +29,8 @@ from typing import Callable
 
 from localrun.catalog import (UNQUANTIZED, CatalogEntry, estimate_file_bytes, get_entry, normalize_quant,
                               quant_from_filename)
-from localrun.download import (SIDECAR_SUFFIX, _check_split_space, _disk_free, _hub_errors, _token,
-                               _write_json_atomic, download_file, hub_endpoint, split_parts)
+from localrun.download import (SIDECAR_SUFFIX, check_split_space, download_file, free_disk_bytes, hub_endpoint,
+                               hub_errors, hub_token, split_parts, write_json_atomic)
 from localrun.errors import DownloadError, ModelNotFoundError
 
 FIT_MARGIN = 1.2  # the simple rule: file size + 20% must fit in VRAM or RAM
@@ -133,8 +133,8 @@ def list_repo_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
     """
     from huggingface_hub import HfApi
 
-    with _hub_errors(repo, "the file list"):
-        info = HfApi(endpoint=hub_endpoint(), token=_token()).model_info(
+    with hub_errors(repo, "the file list"):
+        info = HfApi(endpoint=hub_endpoint(), token=hub_token()).model_info(
             repo, revision=None if revision == "main" else revision, files_metadata=True)
     out = []
     for s in info.siblings or []:
@@ -248,7 +248,8 @@ def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
     return f, "; ".join([chosen.reasons[0], *extra]) + speed
 
 
-def pull(ref: str, *, models_dir: Path | None = None, hardware=None, disk_free: Callable[[Path], int] = _disk_free,
+def pull(ref: str, *, models_dir: Path | None = None, hardware=None,
+         disk_free: Callable[[Path], int] = free_disk_bytes,
          on_progress: Callable[[int, int], None] | None = None, on_plan: Callable[[RemoteFile, str], None] | None = None,
          force: bool = False) -> PullResult:
     """Resolve ``ref``, choose the file (``choose_quant`` when no quant is given), download it into the
@@ -278,7 +279,7 @@ def pull(ref: str, *, models_dir: Path | None = None, hardware=None, disk_free: 
     dest = models_dir / pref.name / Path(chosen.file).name
     parts = split_parts(chosen.file)
     if len(parts) > 1:
-        _check_split_space(chosen.repo, parts, dest.parent, pref.revision, disk_free)
+        check_split_space(chosen.repo, parts, dest.parent, pref.revision, disk_free)
     for part in parts[1:]:  # llama.cpp opens a split GGUF from its first part and finds the rest beside it
         download_file(chosen.repo, part, dest.parent / Path(part).name, revision=pref.revision,
                       disk_free=disk_free, on_progress=on_progress, force=force)
@@ -290,7 +291,7 @@ def pull(ref: str, *, models_dir: Path | None = None, hardware=None, disk_free: 
     status = side.pop("status", "downloaded")
     side.update(name=pref.name, quant=chosen.quant or side.get("quant"))
     if status != "up-to-date":
-        _write_json_atomic(dest.with_name(dest.name + SIDECAR_SUFFIX), side)
+        write_json_atomic(dest.with_name(dest.name + SIDECAR_SUFFIX), side)
     return PullResult(pref.name, chosen.repo, chosen.file, side["quant"], str(dest), side["size_bytes"],
                       side["sha256"], side.get("commit"), status, reason,
                       side.get("resumed_from_bytes", 0) if status == "resumed" else 0, time.monotonic() - t0)

@@ -1,15 +1,16 @@
 """The two ways bench drives a model, both timing every generated token.
 
-* ``EngineClient`` — in-process: drives a loaded localrun ``Engine`` through its multi-sequence API
-  (``start`` / ``step`` / ``release``, see ``backends/llamacpp.py``) from one thread, up to
-  ``engine.n_parallel`` sequences decoded together, the way ``localrun serve`` schedules them but with
-  no HTTP in between. Every ``step`` returns one chunk per sampled token, so token times are exact.
+* ``EngineClient`` — in-process: submits each request as a ``Job`` to the server's own ``Scheduler``
+  (``server/scheduler.py``) running on the loaded engine, up to ``engine.n_parallel`` sequences decoded
+  together: what ``localrun serve`` runs, with no HTTP in between. The scheduler hands over one chunk
+  per sampled token, timed as it arrives (as a server's client would see it, without the network).
 * ``HttpClient`` — any OpenAI-compatible server (``localrun serve``, llama-server, Ollama, vLLM):
   streaming ``/v1/completions`` (or ``/v1/chat/completions``) over SSE with httpx; one chunk is taken
   as one token (true for llama.cpp, Ollama and vLLM streams), and ``usage`` (``stream_options.include_usage``)
   supplies the exact token counts and cached prompt tokens when the server reports them.
 
-Both return ``RequestResult``s; times are ``time.perf_counter()`` seconds.
+Both send a level's requests with ``drive_level`` (closed loop or Poisson arrivals) and return
+``RequestResult``s; times are ``time.perf_counter()`` seconds.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
 
 from localrun.bench.workload import Request, Workload
 from localrun.errors import ConfigError, LocalrunError
+
+if TYPE_CHECKING:
+    from localrun.backends.base import Engine
 
 
 @dataclass
@@ -91,22 +95,66 @@ def _due(requests: Iterable[Request], w: Workload, t0: float):
         yield r
 
 
+async def drive_level(requests: Iterable[Request], concurrency: int, w: Workload,
+                      one: Callable[[Request, float | None], Awaitable[RequestResult]],
+                      on_result: OnResult | None = None) -> tuple[list[RequestResult], float, float]:
+    """Send one level's ``requests`` through ``one(request, t_arrival)`` with at most ``concurrency`` in
+    flight → (results sorted by index, level start, level end), perf_counter seconds.
+
+    Closed loop (``w.rate_rps`` None): ``concurrency`` workers, each sends its next request when the last
+    one ended. Poisson: each request is due at ``level start + arrival_s`` (its ``t_arrival``, so the wait
+    for a free place counts as queueing). Requests stop once ``w.duration_s`` has passed."""
+    import asyncio
+
+    results: list[RequestResult] = []
+    sem = asyncio.Semaphore(concurrency)
+    t0 = time.perf_counter()
+
+    async def run(req: Request):
+        t_arr = t0 + req.arrival_s if req.arrival_s is not None else None
+        async with sem:
+            res = await one(req, t_arr)
+        results.append(res)
+        if on_result:
+            on_result(res)
+
+    tasks = []
+    if w.rate_rps is None:
+        queue = iter(_due(requests, w, t0))
+
+        async def worker():
+            for req in queue:
+                await run(req)
+
+        tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    else:
+        for req in _due(requests, w, t0):
+            delay = t0 + req.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(run(req)))
+    await asyncio.gather(*tasks)
+    return sorted(results, key=lambda r: r.index), t0, time.perf_counter()
+
+
 # ------------------------------------------------------------------------------------------------
 class EngineClient:
-    """In-process bench on a loaded engine (needs ``start``/``step``/``release``; llama.cpp backend).
+    """In-process bench on a loaded engine, through the server's own ``Scheduler``
+    (``server/scheduler.py``: admission, prefix-cache slot choice, one ``step`` for all running
+    sequences, release) on its thread, so bench measures what ``serve`` runs, minus HTTP. A one-at-a-time
+    engine (MLX) runs as ``serve`` runs it (``backends.as_batch_engine``).
 
-    Not thread-safe, like the engine: call ``run_level`` from the thread that owns the engine.
+    ``run_level`` starts a scheduler for the level and stops it at the end; call it from one thread.
     """
 
     label = "in-process"
 
-    def __init__(self, engine) -> None:
-        if not all(hasattr(engine, a) for a in ("start", "step", "release")):
-            raise ConfigError(f"the {engine.backend} backend has no multi-sequence API for an in-process bench",
-                              hint="run `localrun serve` and bench it with --url")
-        self.engine = engine
-        self.max_concurrency = int(getattr(engine, "n_parallel", 1))
-        self._eog = [t for t in range(int(engine.n_vocab)) if engine.is_eog(t)]
+    def __init__(self, engine: Engine) -> None:
+        from localrun.backends import as_batch_engine
+
+        self.engine = as_batch_engine(engine)
+        self.max_concurrency = self.engine.n_parallel
+        self._eog = [t for t in range(self.engine.n_vocab) if self.engine.is_eog(t)]
 
     def tokenize(self, text: str) -> list[int]:
         return self.engine.tokenize(text, add_special=False)
@@ -121,73 +169,66 @@ class EngineClient:
         """One short request (not measured) so the first level does not pay for page faults."""
         from localrun.backends.base import SamplingParams
 
-        bos = self.tokenize("Hello there, warm up.")
-        gen = self.engine.start(bos, SamplingParams(temperature=0.0, max_tokens=4))
-        try:
-            while not gen.done:
-                self.engine.step([gen])
-        finally:
-            self.engine.release(gen, keep_kv=False)
+        warm = Request(index=-1, text="", tokens=self.tokenize("Hello there, warm up."))
+        params = SamplingParams(temperature=0.0, max_tokens=4)
+        res = self._with_scheduler(lambda sched: self._one(sched, warm, params, None))
+        if not res.ok:
+            raise LocalrunError(f"the warm-up request failed: {res.error}")
 
     def run_level(self, requests: Iterable[Request], concurrency: int, w: Workload,
                   on_result: OnResult | None = None) -> tuple[list[RequestResult], float, float]:
         """Run one level; returns (results, level start, level end) in perf_counter seconds."""
         if concurrency > self.max_concurrency:
             raise ConfigError(f"concurrency {concurrency} is more than the {self.max_concurrency} sequences loaded")
-        eng, params = self.engine, self.params(w)
-        t0 = time.perf_counter()
-        source = iter(_due(requests, w, t0))
-        waiting: list[tuple[Request, float]] = []  # arrived (Poisson), not yet admitted
-        nxt = next(source, None)
-        active: dict[int, tuple] = {}  # id(gen) -> (gen, RequestResult)
-        results: list[RequestResult] = []
-        while nxt is not None or waiting or active:
+        params = self.params(w)
+        return self._with_scheduler(lambda sched: drive_level(
+            requests, concurrency, w, lambda req, t_arr: self._one(sched, req, params, t_arr), on_result))
+
+    def _with_scheduler(self, body):
+        """``asyncio.run(body(scheduler))`` with a ``Scheduler`` running on the engine meanwhile."""
+        import asyncio
+
+        from localrun.server.metrics import ServerMetrics
+        from localrun.server.scheduler import Scheduler
+
+        eng = self.engine
+        sched = Scheduler(eng, ServerMetrics(eng.n_parallel, eng.n_ctx * eng.n_parallel))
+        sched.start()
+        try:
+            return asyncio.run(body(sched))
+        finally:
+            sched.stop()
+
+    async def _one(self, sched, req: Request, params, t_arrival: float | None) -> RequestResult:
+        """Submit ``req`` as a scheduler ``Job`` and time its chunks as they arrive (one per token)."""
+        import asyncio
+
+        from localrun.server.scheduler import Job
+
+        res = RequestResult(index=req.index, prompt_tokens=len(req.tokens))
+        res.t_arrival = t_arrival if t_arrival is not None else time.perf_counter()
+        job = Job(loop=asyncio.get_running_loop(), queue=asyncio.Queue(), tokens=list(req.tokens), params=params)
+        try:
+            sched.submit(job)
+        except LocalrunError as e:
+            res.ok, res.error, res.t_end = False, e.message, time.perf_counter()
+            return res
+        while True:
+            kind, val = await job.queue.get()
             now = time.perf_counter()
-            while nxt is not None and (nxt.arrival_s is not None and t0 + nxt.arrival_s <= now):
-                waiting.append((nxt, t0 + nxt.arrival_s))
-                nxt = next(source, None)
-            while len(active) < concurrency:
-                if waiting:
-                    req, t_arr = waiting.pop(0)
-                elif nxt is not None and nxt.arrival_s is None:  # closed loop: send now
-                    req, t_arr, nxt = nxt, time.perf_counter(), None
-                else:
-                    break
-                res = RequestResult(index=req.index, t_arrival=t_arr, prompt_tokens=len(req.tokens))
-                try:
-                    gen = eng.start(req.tokens, params)
-                except LocalrunError as e:
-                    res.ok, res.error, res.t_end = False, e.message, time.perf_counter()
-                    results.append(res)
-                    if on_result:
-                        on_result(res)
-                else:
-                    res.t_start = gen.t_start
-                    res.cached_tokens = gen.cached_tokens
-                    active[id(gen)] = (gen, res)
-                if nxt is None and not waiting:
-                    nxt = next(source, None)
-            if not active:
-                if nxt is not None and nxt.arrival_s is not None:
-                    time.sleep(max(0.0, t0 + nxt.arrival_s - time.perf_counter()))
-                continue
-            gens = [g for g, _ in active.values()]
-            events = eng.step(gens)
-            now = time.perf_counter()
-            for g, chunk in events:
-                res = active[id(g)][1]
+            if kind == "admitted":
+                res.t_start, res.cached_tokens = job.gen.t_start, val
+            elif kind == "error":
+                res.ok, res.error, res.t_end = False, val.message, now  # a LocalrunError
+                return res
+            elif kind == "chunk":
                 if not res.token_times:
                     res.t_first = now
                 res.token_times.append(now)
-                if chunk.finish_reason:
-                    res.t_end, res.finish_reason = now, chunk.finish_reason
-                    res.completion_tokens = len(g.generated)
-                    eng.release(g)
-                    del active[id(g)]
-                    results.append(res)
-                    if on_result:
-                        on_result(res)
-        return sorted(results, key=lambda r: r.index), t0, time.perf_counter()
+                if val.finish_reason is not None:
+                    res.t_end, res.finish_reason = now, val.finish_reason
+                    res.completion_tokens = val.stats.completion_tokens if val.stats else len(res.token_times)
+                    return res
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,41 +314,13 @@ class HttpClient:
         return asyncio.run(self._run_level(requests, concurrency, w, on_result))
 
     async def _run_level(self, requests, concurrency, w, on_result):
-        import asyncio
-
         import httpx
 
         limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
-        results: list[RequestResult] = []
-        sem = asyncio.Semaphore(concurrency)
         async with httpx.AsyncClient(timeout=self.timeout, limits=limits) as client:
-            t0 = time.perf_counter()
-
-            async def run(req: Request):
-                t_arr = t0 + req.arrival_s if req.arrival_s is not None else None
-                async with sem:
-                    res = await self._one(client, req, w.max_tokens, w.ignore_eos, t_arr)
-                results.append(res)
-                if on_result:
-                    on_result(res)
-
-            tasks = []
-            if w.rate_rps is None:  # closed loop: `concurrency` workers, each sends its next when done
-                queue = iter(_due(requests, w, t0))
-
-                async def worker():
-                    for req in queue:
-                        await run(req)
-
-                tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
-            else:
-                for req in _due(requests, w, t0):
-                    delay = t0 + req.arrival_s - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    tasks.append(asyncio.create_task(run(req)))
-            await asyncio.gather(*tasks)
-        return sorted(results, key=lambda r: r.index), t0, time.perf_counter()
+            return await drive_level(requests, concurrency, w,
+                                     lambda req, t_arr: self._one(client, req, w.max_tokens, w.ignore_eos, t_arr),
+                                     on_result)
 
 
 async def stream_completion(client, url: str, body: dict, *, chat: bool, headers: dict | None = None,
