@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localrun.gguf_info import ModelSpec
+
+if TYPE_CHECKING:
+    from localrun.backends.base import Engine
 
 
 @dataclass
 class Loaded:
-    engine: object
+    """What ``load_model`` loaded: the engine (an ``Engine``; the server and bench drive it through
+    ``backends.as_batch_engine``), its GGUF header (None for an MLX folder), the plan and the hardware probe."""
+
+    engine: Engine
     spec: ModelSpec | None
     plan: object
     hardware: object
