@@ -154,6 +154,7 @@ def test_parse_json_body_names_the_field():
 
 
 @pytest.mark.slow
+@pytest.mark.model  # `localrun serve` loads the embedded model in a subprocess
 def test_localrun_serve_command(tmp_path):
     """`localrun serve` from the shell: loads the default model through the planner and answers."""
     openai = pytest.importorskip("openai")
