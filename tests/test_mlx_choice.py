@@ -103,6 +103,7 @@ def test_prepare_sets_wired_limit_only_with_metal(smollm_path, monkeypatch):
     assert choice.prepare_mlx_memory(Plan(backend="mlx", n_ctx=2048), spec, linux()) is None
 
 
+@pytest.mark.model  # loads MLX (mlx.core) for its device info
 def test_metal_device_info_to_gpu():
     # what mx.device_info() returns on an M2 (Mac only); the CPU build has no memory fields
     info = {"device_name": "Apple M2", "architecture": "applegpu_g14g", "memory_size": 16 * GiB,
