@@ -7,7 +7,7 @@ drives (``acquire_slot`` / ``start`` / ``step`` / ``release``, ``kv_cells_used``
 * a token is a byte: ``tokenize(text)`` = ``list(text.encode())``, ``n_vocab`` = 256;
 * a generation replies with ``reply(prompt_tokens)`` (default: the prompt's text, echoed), one byte per
   ``step``; it ends with ``stop`` after the reply, or ``length`` at ``max_tokens``; ``reply`` returning
-  ``None`` means "never stops by itself" (only ``max_tokens`` or a cancel end it);
+  ``None`` means "never stops by itself": it yields ``x`` tokens until ``max_tokens`` or a cancel ends it;
 * a slot keeps the tokens of its last sequence (``release(keep_kv=True)``) and ``acquire_slot`` picks the
   free slot sharing the longest prefix with the prompt, as llama.cpp's slots do; ``cached_tokens`` is it.
 
