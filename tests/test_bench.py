@@ -100,10 +100,12 @@ def test_in_process_bench_json_plot_and_calibrate(tmp_path, isolated_home):
     # the next plan predicts from the calibration: the measured single-stream decode rate
     from localrun.gguf_info import read_gguf
     from localrun.hardware import HardwareProfile
+    from localrun.measurements import planner_measurement
     from localrun.offload.plan import plan_for_run
 
     spec = read_gguf(rep["target"]["path"])
-    plan = plan_for_run(spec, HardwareProfile.from_dict(rep["hardware"]), n_ctx=rep["plan"]["n_ctx"], n_parallel=2)
+    plan = plan_for_run(spec, HardwareProfile.from_dict(rep["hardware"]), n_ctx=rep["plan"]["n_ctx"], n_parallel=2,
+                        measurement=planner_measurement("llamacpp"))  # the caller hands the planner its measurement
     assert cal["decode_tok_s"] == pytest.approx(1 / rep["levels"][0]["tpot_s"]["p50"])
     assert plan.decode_tok_s == pytest.approx(cal["decode_tok_s"], rel=0.02)
     assert any("measure" in r for r in plan.reasons)
