@@ -169,9 +169,9 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         d["fits"] = chosen is not None
         d["warnings"] = _warnings(best, plans)
         d["machine"] = hw.label or "this machine"
-        d["alternatives"] = [{k: p.to_dict()[k] for k in ("quant", "source", "quality_kld", "fits", "n_ctx",
-                              "n_gpu_layers", "n_cpu_moe", "kv_type", "weights_bytes", "vram_bytes", "ram_bytes",
-                              "disk_backed_bytes", "decode_tok_s", "prefill_tok_s")} for p in plans]
+        keys = ("quant", "source", "quality_kld", "fits", "n_ctx", "n_gpu_layers", "n_cpu_moe", "kv_type",
+                "weights_bytes", "vram_bytes", "ram_bytes", "disk_backed_bytes", "decode_tok_s", "prefill_tok_s")
+        d["alternatives"] = [{k: pd[k] for k in keys} for pd in (p.to_dict() for p in plans)]  # to_dict once
         print_json(d)
     else:
         _render(title, hw, chosen, plans)
