@@ -31,11 +31,10 @@ def check_bind(host: str, api_key: str | None, insecure: bool) -> None:
 
 def check_port_free(host: str, port: int) -> None:
     """Fail fast (before loading the model) when ``host:port`` cannot be bound. Raises ConfigError."""
+    import errno
     import socket
 
     from localrun.errors import ConfigError
-
-    import errno
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"port {port} is out of range", hint="use a port from 1 to 65535 (default 11500)")
