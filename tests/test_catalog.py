@@ -92,8 +92,10 @@ def test_quant_from_filename():
     assert quant_from_filename("model.gguf") is None
 
 
-@pytest.mark.parametrize("fixture,name", [("smollm_path", "smollm2-135m-instruct"), ("gemma_path", "gemma-3-270m"),
-                                          ("deepseek_header_path", "deepseek-r1-distill-qwen-7b")])
+@pytest.mark.parametrize("fixture,name", [  # the packaged models' files: `model` as conftest marks their fixtures
+    pytest.param("smollm_path", "smollm2-135m-instruct", marks=pytest.mark.model),
+    pytest.param("gemma_path", "gemma-3-270m", marks=pytest.mark.model),
+    ("deepseek_header_path", "deepseek-r1-distill-qwen-7b")])
 def test_catalog_matches_gguf_header(request, fixture, name):
     from localrun.gguf_info import read_gguf
 
