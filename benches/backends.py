@@ -23,7 +23,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 def run(backend: str, path: str, n_tokens: int, n_ctx: int) -> tuple[float, float]:
     from localrun.backends import load_engine
     from localrun.backends.base import SamplingParams
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     plan = simple_plan(read_gguf(path), n_ctx=n_ctx)
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048)
     a = ap.parse_args()
     if a.model is None:
-        from localrun.store import default_model_path
+        from localrun.store.resolve import default_model_path
 
         a.model = str(default_model_path())
     res = {}

@@ -94,8 +94,8 @@ def bench_localrun(engine, n_tokens: int) -> float:
 
 def main() -> None:
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
-    from localrun.store import default_model_path
+    from localrun.model.gguf_info import read_gguf
+    from localrun.store.resolve import default_model_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -112,7 +112,7 @@ def main() -> None:
     from llama_cpp import Llama
 
     llm = Llama(path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
-    from localrun.hardware import probe_hardware
+    from localrun.machine.hardware import probe_hardware
     from localrun.offload.plan import plan_for_run
 
     plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=1024)  # what `localrun chat` loads

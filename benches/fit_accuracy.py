@@ -17,8 +17,8 @@ CHILD = r"""
 import json, sys, time
 from localrun.backends import load_engine
 from localrun.backends.base import SamplingParams
-from localrun.gguf_info import read_gguf
-from localrun.hardware import probe_hardware
+from localrun.model.gguf_info import read_gguf
+from localrun.machine.hardware import probe_hardware
 from localrun.offload.plan import plan_for_run
 path, n_ctx, n_tok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=n_ctx)

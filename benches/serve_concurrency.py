@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.levels = sorted({int(x) for x in args.levels.split(",") if x.strip()})
     if args.model is None:
-        from localrun.store import default_model_path
+        from localrun.store.resolve import default_model_path
 
         args.model = default_model_path()
     load0 = os.getloadavg()

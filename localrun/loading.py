@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localrun.gguf_info import ModelSpec
+from localrun.model.gguf_info import ModelSpec
 
 if TYPE_CHECKING:
     from localrun.backends.base import Engine
@@ -39,11 +39,11 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     """
     from localrun.backends import load_engine
     from localrun.backends.choice import choose_backend
-    from localrun.chat_template import load_template
-    from localrun.gguf_info import read_gguf
-    from localrun.hardware import probe_hardware
+    from localrun.machine.hardware import probe_hardware
+    from localrun.model.chat_template import load_template
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import Plan, check_fits, plan_for_run
-    from localrun.store import resolve_model
+    from localrun.store.resolve import resolve_model
 
     say = status or (lambda _text: None)
     path = resolve_model(model, models_dir)
@@ -55,7 +55,7 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     backend, reason = choose_backend(path, spec, hw, backend)
     if spec is not None:
         gpu_ok = _gpu_offload_supported(backend)
-        from localrun.measurements import planner_measurement
+        from localrun.machine.measurements import planner_measurement
         from localrun.render import stderr
 
         plan = plan_for_run(spec, hw, n_ctx=n_ctx, n_parallel=n_parallel, kv_type=kv_type,

@@ -95,7 +95,7 @@ def isolated_home(tmp_path_factory, monkeypatch) -> Path:
 def smollm_engine(smollm_path):
     """One loaded SmolLM2 engine shared by the tests that only generate (n_ctx 2048, CPU)."""
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     eng = load_engine(smollm_path, simple_plan(read_gguf(smollm_path), n_ctx=2048))

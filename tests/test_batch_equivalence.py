@@ -42,7 +42,7 @@ PROMPTS = [
 
 def _engine(path, n_parallel: int):
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     plan = simple_plan(read_gguf(path), n_ctx=1024)

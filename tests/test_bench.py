@@ -98,9 +98,9 @@ def test_in_process_bench_json_plot_and_calibrate(tmp_path, isolated_home):
     assert stored["source"] == "bench --calibrate"
     assert stored["decode_bandwidth_gbps"] == pytest.approx(cal["decode_bandwidth_gbps"])
     # the next plan predicts from the calibration: the measured single-stream decode rate
-    from localrun.gguf_info import read_gguf
-    from localrun.hardware import HardwareProfile
-    from localrun.measurements import planner_measurement
+    from localrun.machine.hardware import HardwareProfile
+    from localrun.machine.measurements import planner_measurement
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import plan_for_run
 
     spec = read_gguf(rep["target"]["path"])

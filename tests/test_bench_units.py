@@ -96,9 +96,9 @@ def test_goodput_counts_only_requests_within_the_slos():
 def test_calibration_inverts_the_planners_decode_formula(smollm_path):
     """Stored bandwidth × 1e9 / bytes per token gives back the measured tok/s; plan_for_run then predicts it."""
     from localrun.bench.calibrate import calibration_values, save_calibration
-    from localrun.gguf_info import read_gguf
-    from localrun.hardware import probe_hardware
-    from localrun.measurements import get_measurement
+    from localrun.machine.hardware import probe_hardware
+    from localrun.machine.measurements import get_measurement
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import plan_for_run
 
     spec = read_gguf(smollm_path)

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from localrun.catalog import (QUANT_BPW, CatalogEntry, catalog_path, get_entry, load_catalog, quant_from_filename)
+from localrun.model.catalog import QUANT_BPW, CatalogEntry, catalog_path, get_entry, load_catalog, quant_from_filename
 
 REQUIRED = ("name", "family", "arch", "params_total", "params_active", "n_layer", "n_embd", "n_ff", "n_head",
             "n_head_kv", "head_dim", "vocab_size", "n_ctx_train", "license", "sources")
@@ -97,7 +97,7 @@ def test_quant_from_filename():
     pytest.param("gemma_path", "gemma-3-270m", marks=pytest.mark.model),
     ("deepseek_header_path", "deepseek-r1-distill-qwen-7b")])
 def test_catalog_matches_gguf_header(request, fixture, name):
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
 
     spec = read_gguf(request.getfixturevalue(fixture))
     e = get_entry(name)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from localrun.catalog import load_catalog
+from localrun.model.catalog import load_catalog
 
 PRESETS = ["laptop-16gb", "nvidia-12gb", "nvidia-24gb", "mac-36gb", "mac-128gb"]
 
@@ -18,7 +18,7 @@ PRESETS = ["laptop-16gb", "nvidia-12gb", "nvidia-24gb", "mac-36gb", "mac-128gb"]
 @pytest.mark.parametrize("entry", load_catalog(), ids=lambda e: e.name)
 def test_fit_every_catalog_entry(entry, isolated_home, capsys):
     from localrun.commands.fit import run_fit
-    from localrun.store import list_local_models
+    from localrun.store.resolve import list_local_models
 
     assert not [m for m in list_local_models(external=False) if m.name == entry.name]  # nothing pulled
     seen = {}

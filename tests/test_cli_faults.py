@@ -72,7 +72,7 @@ def _link(src: Path, dst: Path) -> Path:
 
 
 def test_resolve_folder_rules(tmp_path, smollm_path):
-    from localrun.store import resolve_model
+    from localrun.store.resolve import resolve_model
 
     one = tmp_path / "one"
     f = _link(smollm_path, one / "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -173,7 +173,8 @@ def test_parse_bytes_refuses_with_a_hint(text):
 
 
 def test_units_and_hardware_share_the_formatter():
-    from localrun import hardware, units
+    from localrun import units
+    from localrun.machine import hardware
 
     assert hardware.fmt_bytes is units.fmt_bytes and hardware.parse_bytes is units.parse_bytes
     assert units.fmt_bytes(1536) == "1.5 KiB" and units.fmt_bytes(24 << 30) == "24.0 GiB"
@@ -246,8 +247,8 @@ def test_old_bench_c_points_to_concurrency():
 # --- 11.16: one display name -----------------------------------------------------------------------
 
 def test_display_name_is_the_file_or_tag(smollm_path, tmp_path):
-    from localrun.gguf_info import read_gguf
-    from localrun.store import display_name
+    from localrun.model.gguf_info import read_gguf
+    from localrun.store.resolve import display_name
 
     assert display_name(smollm_path) == "SmolLM2-135M-Instruct.Q4_1"
     assert read_gguf(smollm_path).name != display_name(smollm_path)  # general.name is a training-run label

@@ -1,12 +1,11 @@
 """The llama.cpp engine on the real SmolLM2 and Gemma-3 files: answers, history, stops, errors."""
 
 import pytest
+from helpers import assert_robust_greedy
 
 from localrun.backends.base import Message, SamplingParams
 from localrun.chat import ChatSession
 from localrun.errors import ChatTemplateError, ContextOverflowError, TruncatedModelError
-
-from helpers import assert_robust_greedy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 SYSTEM = "You are a helpful assistant."
@@ -84,7 +83,7 @@ def test_context_overflow_is_a_typed_error(smollm_engine):
 
 def test_context_policy_truncate_oldest(smollm_path):
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     eng = load_engine(smollm_path, simple_plan(read_gguf(smollm_path), n_ctx=256))
@@ -106,7 +105,7 @@ def test_context_policy_truncate_oldest(smollm_path):
 
 def test_gemma_base_model_has_no_template_and_raw_works(gemma_path):
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     eng = load_engine(gemma_path, simple_plan(read_gguf(gemma_path), n_ctx=1024))
@@ -135,7 +134,7 @@ def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
     logs each overridden tensor, and only layers below n_cpu_moe are affected."""
     from localrun.backends import llamacpp_lib
     from localrun.backends.llamacpp import LlamaCppEngine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     monkeypatch.setattr(llamacpp_lib, "FFN_EXPS_REGEX", r"\.ffn_(up|down|gate)\.")
@@ -157,7 +156,7 @@ def test_repack_patterns_name_the_cpu_layers_llama_cpp_would_repack():
     import re
 
     from localrun.backends.llamacpp_lib import repack_patterns
-    from localrun.catalog import get_entry
+    from localrun.model.catalog import get_entry
     from localrun.offload.synthetic import spec_from_entry
 
     spec = spec_from_entry(get_entry("llama-3.1-8b-instruct"), "Q4_K_M")  # 32 layers; Q4_K with Q6_K mixed in
@@ -187,7 +186,7 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
     run may part at a near-tie, as it does between llama.cpp builds)."""
     from localrun.backends import llamacpp
     from localrun.backends.llamacpp_lib import _ggml_lib
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     if not _ggml_lib("ggml-cpu").ggml_cpu_has_avx2():
@@ -217,7 +216,7 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
 
 def _two_slot_engine(smollm_path, n_batch: int):
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     plan = simple_plan(read_gguf(smollm_path), n_ctx=2048)

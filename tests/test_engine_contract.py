@@ -17,7 +17,7 @@ def mlx_engine(smollm_path, tmp_path_factory):
     pytest.importorskip("mlx.core")
     pytest.importorskip("mlx_lm")
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     with pytest.MonkeyPatch.context() as mp:

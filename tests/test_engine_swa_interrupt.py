@@ -18,8 +18,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, logprobs=2)
 
 def _gemma(gemma_path, n_ctx: int, **kw):
     from localrun.backends import load_engine
-    from localrun.chat_template import load_template
-    from localrun.gguf_info import read_gguf
+    from localrun.model.chat_template import load_template
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     return load_engine(gemma_path, simple_plan(read_gguf(gemma_path), n_ctx=n_ctx, **kw),

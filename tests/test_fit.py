@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from localrun.catalog import get_entry
-from localrun.gguf_info import read_gguf
+from localrun.errors import ConfigError, InsufficientMemoryError
+from localrun.machine.presets import get_preset, preset_names
+from localrun.model.catalog import get_entry
+from localrun.model.gguf_info import read_gguf
 from localrun.offload.plan import check_fits, plan_for_run, simple_plan
 from localrun.offload.synthetic import requantize, spec_from_entry
-from localrun.presets import get_preset, preset_names
-from localrun.errors import InsufficientMemoryError, ConfigError
 
 
 def test_7b_header_on_12gb_gpu(deepseek_header_path):
@@ -136,7 +136,7 @@ def test_hw_measure_is_stored_and_used(smollm_path):
     from localrun.bench.calibrate import decode_bytes_per_token
     from localrun.commands.hw import measure_llamacpp_cpu
     from localrun.errors import LocalrunError
-    from localrun.measurements import get_measurement, planner_measurement
+    from localrun.machine.measurements import get_measurement, planner_measurement
 
     with pytest.raises(LocalrunError) as ei:  # a busy machine: nothing stored, and the numbers said
         measure_llamacpp_cpu(n_prompt=32, n_decode=8, meter=_Meter(busy=True))

@@ -5,7 +5,7 @@ import struct
 import pytest
 
 from localrun.errors import ModelFormatError, ModelNotFoundError, TruncatedModelError
-from localrun.gguf_info import GGML_TYPES, read_gguf
+from localrun.model.gguf_info import GGML_TYPES, read_gguf
 
 
 def test_smollm2_architecture(smollm_path):

@@ -7,8 +7,13 @@ from collections import namedtuple
 
 import pytest
 
-from localrun.measurements import (forget_measurements, get_measurement, load_fractions, planner_measurement,
-                                   save_measurement)
+from localrun.machine.measurements import (
+    forget_measurements,
+    get_measurement,
+    load_fractions,
+    planner_measurement,
+    save_measurement,
+)
 
 Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
 
@@ -28,7 +33,7 @@ def test_load_fractions_flag_other_processes_and_steal():
 
 
 def test_load_meter_measures_this_machine():
-    from localrun.measurements import LoadMeter
+    from localrun.machine.measurements import LoadMeter
 
     with LoadMeter() as m:
         sum(i * i for i in range(300_000))
@@ -79,6 +84,6 @@ def test_fit_and_show_use_the_same_plan_and_speed(gemma_path, monkeypatch):
     for internal in ("est_bytes", "budget_bytes", "n_ctx_train", "pull_would_choose", "{", "n_params"):
         assert internal not in text, internal
     assert "trained for 32,768 tokens" in text and "pull would choose" in text and "tok/s" in text
-    from localrun.modelinfo import _rate
+    from localrun.store.info import _rate
 
     assert f"decode ≈ {_rate(fit['decode_tok_s'])} tok/s" in run(app, ["show", str(gemma_path)]).stdout

@@ -10,9 +10,15 @@ import sys
 import numpy as np
 import pytest
 
-from localrun.gguf_info import read_gguf
-from localrun.offload.memory import (MiB, compute_buffer_bytes, kv_cache, model_buffer_bytes, output_buffer_bytes,
-                                     split_weights)
+from localrun.model.gguf_info import read_gguf
+from localrun.offload.memory import (
+    MiB,
+    compute_buffer_bytes,
+    kv_cache,
+    model_buffer_bytes,
+    output_buffer_bytes,
+    split_weights,
+)
 from localrun.offload.plan import plan_for_run
 
 KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
@@ -94,10 +100,9 @@ def test_llamacpp_refuses_a_quantized_v_cache_without_flash_attention(smollm_pat
     """Why the planner refuses --kv-type q8_0 --no-flash-attn: llama.cpp's llama_init_from_model returns
     NULL for it (it would otherwise have been loaded with flash attention silently on)."""
     from localrun.backends import load_engine
+    from localrun.backends.llamacpp_lib import LlamaLog
     from localrun.errors import BackendError
     from localrun.offload.plan import Plan
-
-    from localrun.backends.llamacpp_lib import LlamaLog
 
     mark = LlamaLog.mark()
     with pytest.raises(BackendError):
@@ -108,7 +113,7 @@ def test_llamacpp_refuses_a_quantized_v_cache_without_flash_attention(smollm_pat
 _RSS = r"""
 import json, sys
 from localrun.backends import load_engine
-from localrun.gguf_info import read_gguf
+from localrun.model.gguf_info import read_gguf
 from localrun.offload.plan import plan_for_run
 path, n_ctx = sys.argv[1], int(sys.argv[2])
 plan = plan_for_run(read_gguf(path), None, n_ctx=n_ctx)
@@ -187,7 +192,7 @@ def test_synthetic_70b_dense(tmp_path):
     # 40 of 80 layers on the GPU: those layers, plus the output layer (n_gpu_layers counts it)
     ws = split_weights(spec, 41)
     assert ws.gpu_bytes == 40 * int(layer) + int(8192 * 128256 * q6k) + 8192 * 4
-    from localrun.presets import get_preset
+    from localrun.machine.presets import get_preset
 
     p = plan_for_run(spec, get_preset("nvidia-24gb"), n_ctx=8192)
     assert p.fits and 0 < p.n_gpu_layers < 81 and p.vram_bytes <= p.vram_budget_bytes
@@ -212,7 +217,7 @@ def test_synthetic_moe_experts_go_to_cpu_first(tmp_path):
     expert_layer = int(n_embd * ff * ne * (144 / 256) * 2 + ff * n_embd * ne * 210 / 256)
     ws = split_weights(spec, n_layer + 1, n_cpu_moe=10)
     assert ws.cpu_expert_bytes == 10 * expert_layer
-    from localrun.presets import get_preset
+    from localrun.machine.presets import get_preset
 
     p = plan_for_run(spec, get_preset("nvidia-16gb"), n_ctx=4096)
     assert p.fits and p.n_gpu_layers == n_layer + 1 and 0 < p.n_cpu_moe <= n_layer  # experts moved, layers not

@@ -37,7 +37,7 @@ def mlx_home(tmp_path_factory):
 
 
 def _mlx_plan(path, n_ctx=2048):
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     plan = simple_plan(read_gguf(path), n_ctx=n_ctx)
@@ -148,8 +148,9 @@ def test_mlx_folder_from_gguf_reloads_with_same_greedy_tokens(smollm_path, mlx_h
 
 def test_engine_loads_mlx_folder(smollm_path, mlx_home, tmp_path):
     from localrun.backends import load_engine
-    from localrun.backends.choice import choose_backend, is_mlx_folder
+    from localrun.backends.choice import choose_backend
     from localrun.backends.mlx_gguf import write_mlx_folder
+    from localrun.store.resolve import is_mlx_folder
 
     out = write_mlx_folder(str(smollm_path), tmp_path / "m")
     assert is_mlx_folder(out)

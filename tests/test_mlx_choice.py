@@ -12,8 +12,8 @@ import pytest
 
 from localrun.backends import choice
 from localrun.errors import ConfigError, InsufficientMemoryError
-from localrun.gguf_info import read_gguf
-from localrun.hardware import CpuInfo, GpuInfo, HardwareProfile, apple_working_set_bytes
+from localrun.machine.hardware import CpuInfo, GpuInfo, HardwareProfile, apple_working_set_bytes
+from localrun.model.gguf_info import read_gguf
 from localrun.offload.plan import Plan
 
 GiB = 1 << 30
@@ -54,7 +54,9 @@ def test_elsewhere_llamacpp_unless_requested(smollm_path):
 def test_mlx_folder_goes_to_mlx_and_cannot_go_to_llamacpp(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
-    assert choice.is_mlx_folder(tmp_path)
+    from localrun.store.resolve import is_mlx_folder
+
+    assert is_mlx_folder(tmp_path)
     assert choice.choose_backend(tmp_path, None, linux(), None)[0] == "mlx"
     with pytest.raises(ConfigError):
         choice.choose_backend(tmp_path, None, mac(16), "llamacpp")
@@ -122,7 +124,7 @@ def test_metal_device_info_to_gpu():
 def test_mlx_load_uses_the_callers_hardware_probe(smollm_path, monkeypatch):
     """loading.load_model probes once and hands the profile to the MLX engine's guardrail (it probed again)."""
     pytest.importorskip("mlx.core")
-    import localrun.hardware as hardware
+    import localrun.machine.hardware as hardware
     from localrun.loading import load_model
 
     calls = []

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from localrun.backends.base import Message, SamplingParams
-from localrun.chat_template import BUILTIN_TEMPLATES, ChatTemplate, chat_prompt_tokens
 from localrun.errors import ChatTemplateError
+from localrun.model.chat_template import BUILTIN_TEMPLATES, ChatTemplate, chat_prompt_tokens
 
 pytestmark = pytest.mark.model  # every test runs a real model (some through request.getfixturevalue)
 
@@ -71,7 +71,7 @@ def assert_content_is_text(eng, msgs: list[Message], content: str, ids: list[int
 def gemma_engine(gemma_path):
     """Gemma-3-270M (a base model without a template) with the built-in gemma template."""
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     eng = load_engine(gemma_path, simple_plan(read_gguf(gemma_path), n_ctx=1024),
@@ -85,7 +85,7 @@ def mlx_smollm(smollm_path, tmp_path_factory):
     pytest.importorskip("mlx.core")
     pytest.importorskip("mlx_lm")
     from localrun.backends import load_engine
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     with pytest.MonkeyPatch.context() as mp:
@@ -219,7 +219,7 @@ def served(smollm_path, tmp_path_factory):
 
     from localrun.backends import load_engine
     from localrun.config import Settings
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
     from localrun.server.app import create_app
     from localrun.server.runtime import ServeOptions

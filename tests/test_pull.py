@@ -7,11 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from test_pull_fakehub import FakeHub, sha256_file
 
 from localrun.errors import DownloadError, ModelNotFoundError
-from localrun.hardware import CpuInfo, DiskInfo, GpuInfo, HardwareProfile
+from localrun.machine.hardware import CpuInfo, DiskInfo, GpuInfo, HardwareProfile
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 FILE = "smollm2-135m-instruct-q4_1.gguf"
@@ -46,7 +45,7 @@ def _hw(ram_gib: float, vram_gib: float = 0) -> HardwareProfile:
 
 
 def test_parse_ref_forms():
-    from localrun.pull import parse_ref
+    from localrun.store.pull import parse_ref
 
     r = parse_ref("smollm2-135m-instruct:q8_0")
     assert (r.name, r.quant, r.entry.name) == ("smollm2-135m-instruct", "Q8_0", "smollm2-135m-instruct")
@@ -68,10 +67,10 @@ def test_parse_ref_forms():
 def test_pull_completes_verifies_and_chats(hub, smollm_path, smollm_sha, isolated_home):
     from localrun.backends import load_engine
     from localrun.backends.base import Message, SamplingParams
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
-    from localrun.pull import pull
-    from localrun.store import resolve_model
+    from localrun.store.pull import pull
+    from localrun.store.resolve import resolve_model
 
     seen = []
     res = pull("smollm2-135m-instruct:Q4_1", on_progress=lambda d, t: seen.append((d, t)))
@@ -100,7 +99,7 @@ def test_pull_completes_verifies_and_chats(hub, smollm_path, smollm_sha, isolate
 
 
 def test_interrupted_pull_resumes_byte_identical(hub, smollm_path, smollm_sha, isolated_home):
-    from localrun.pull import pull
+    from localrun.store.pull import pull
 
     def interrupt(done, total):
         if done >= 20 << 20:
@@ -121,7 +120,7 @@ def test_interrupted_pull_resumes_byte_identical(hub, smollm_path, smollm_sha, i
 
 
 def test_dropped_connection_is_resumed_in_process(hub, smollm_path, smollm_sha):
-    from localrun.pull import pull
+    from localrun.store.pull import pull
 
     hub.drop_after = 5 << 20
     res = pull(f"hf.co/{REPO}/{FILE}")
@@ -131,7 +130,7 @@ def test_dropped_connection_is_resumed_in_process(hub, smollm_path, smollm_sha):
 
 
 def test_checksum_mismatch_rejected_previous_file_untouched(hub, smollm_path, smollm_sha):
-    from localrun.pull import pull
+    from localrun.store.pull import pull
 
     good = Path(pull("smollm2-135m-instruct:Q4_1").path)
     before = good.stat().st_mtime_ns
@@ -144,7 +143,7 @@ def test_checksum_mismatch_rejected_previous_file_untouched(hub, smollm_path, sm
 
 
 def test_not_enough_disk_refused_before_download(hub):
-    from localrun.pull import pull
+    from localrun.store.pull import pull
 
     with pytest.raises(DownloadError) as e:
         pull("smollm2-135m-instruct:Q4_1", disk_free=lambda p: 10 << 20)
@@ -153,7 +152,7 @@ def test_not_enough_disk_refused_before_download(hub):
 
 
 def test_gated_repo_message(hub, monkeypatch):
-    from localrun.pull import pull
+    from localrun.store.pull import pull
 
     hub.gated.add("google/gated-GGUF")
     with pytest.raises(DownloadError) as e:
@@ -165,7 +164,7 @@ def test_gated_repo_message(hub, monkeypatch):
 
 
 def test_no_quant_chooses_for_the_machine(hub):
-    from localrun.pull import candidates, choose_quant, parse_ref
+    from localrun.store.pull import candidates, choose_quant, parse_ref
 
     files = candidates(parse_ref("smollm2-135m-instruct"))
     assert {f.quant for f in files} == {"Q4_1", "Q8_0"} and all(f.size_bytes and f.sha256 for f in files)
@@ -188,7 +187,7 @@ def test_cli_pull_json(hub, isolated_home):
 
 
 def test_split_gguf_pulls_every_part(smollm_path, monkeypatch, tmp_path):
-    from localrun.pull import pull
+    from localrun.store.pull import pull
 
     data = smollm_path.read_bytes()
     a, b = tmp_path / "a", tmp_path / "b"

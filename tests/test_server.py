@@ -26,7 +26,7 @@ N_PARALLEL = 4
 def server(smollm_path, tmp_path_factory):
     from localrun.backends import load_engine
     from localrun.config import Settings
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
     from localrun.server.app import create_app
     from localrun.server.runtime import ServeOptions

@@ -56,7 +56,7 @@ def test_error_status_by_type():
 
 
 def test_tool_call_parsing():
-    from localrun.chat_template import template_supports_tools
+    from localrun.model.chat_template import template_supports_tools
     from localrun.server.convert import parse_tool_calls
 
     text, calls = parse_tool_calls('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')

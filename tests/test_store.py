@@ -49,7 +49,7 @@ def other_tools(tmp_path, monkeypatch, smollm_path):
 
 
 def test_discovers_other_tools(other_tools, smollm_path):
-    from localrun.store import list_local_models
+    from localrun.store.resolve import list_local_models
 
     found = {m.source: m for m in list_local_models()}
     assert set(found) == {"huggingface", "ollama", "lmstudio"}
@@ -62,7 +62,7 @@ def test_discovers_other_tools(other_tools, smollm_path):
 
 
 def test_resolve_other_tools(other_tools):
-    from localrun.store import resolve_model
+    from localrun.store.resolve import resolve_model
 
     assert resolve_model("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_1") == other_tools["hf"]
     assert resolve_model("bartowski/SmolLM2-135M-Instruct-GGUF") == other_tools["hf"]
@@ -83,7 +83,7 @@ def _fake_pull(models_dir: Path, src: Path, name: str, file: str, quant: str) ->
 
 
 def test_resolve_pulled_by_name_and_quant(isolated_home, smollm_path, gemma_path):
-    from localrun.store import default_model_path, resolve_model
+    from localrun.store.resolve import default_model_path, resolve_model
 
     models = isolated_home / "models"
     q8 = _fake_pull(models, gemma_path, "gemma-3-270m", "gemma-3-270m-Q8_0.gguf", "Q8_0")
@@ -104,7 +104,7 @@ def test_resolve_pulled_by_name_and_quant(isolated_home, smollm_path, gemma_path
 
 
 def test_rm(isolated_home, gemma_path, other_tools):
-    from localrun.store import remove_pulled, scan_store
+    from localrun.store.resolve import remove_pulled, scan_store
 
     models = isolated_home / "models"
     q8 = _fake_pull(models, gemma_path, "gemma-3-270m", "gemma-3-270m-Q8_0.gguf", "Q8_0")
@@ -193,7 +193,7 @@ def test_ps_reads_a_running_server(monkeypatch):
 
 
 def test_did_you_mean_for_near_miss_names(isolated_home, smollm_path):
-    from localrun.store import resolve_model
+    from localrun.store.resolve import resolve_model
 
     _fake_pull(isolated_home / "models", smollm_path, "my-gemma-finetune", "my-gemma-Q4_K_M.gguf", "Q4_K_M")
     for typo, expect in (("qwen3-8", "did you mean qwen3-8b"), ("lama3.2", "did you mean llama-3.2-1b-instruct"),

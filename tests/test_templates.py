@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from localrun.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 from localrun.errors import ChatTemplateError
+from localrun.model.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 
 TEMPLATES = Path(__file__).parent / "templates"
 OFFICIAL = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "gemma": "gemma3.jinja",
@@ -66,7 +66,7 @@ def test_gemma_keeps_the_system_message():
 
 def test_chatml_equals_smollm2s_own_template(smollm_path):
     """SmolLM2's GGUF template is ChatML plus a default system prompt when none is given."""
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
 
     own = ChatTemplate(read_gguf(smollm_path).chat_template)
     builtin = ChatTemplate(BUILTIN_TEMPLATES["chatml"])

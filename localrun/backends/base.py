@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
-    from localrun.gguf_info import ModelSpec
+    from localrun.model.gguf_info import ModelSpec
 
 
 @dataclass

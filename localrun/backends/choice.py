@@ -21,17 +21,10 @@ InsufficientMemoryError with the numbers; fits → the wired limit is set to the
 
 from __future__ import annotations
 
-import os
 import platform
 from pathlib import Path
 
 from localrun.errors import BackendUnavailableError, ConfigError, InsufficientMemoryError
-
-
-def is_mlx_folder(path: str | os.PathLike) -> bool:
-    """A directory with config.json and at least one *.safetensors (the mlx-community layout)."""
-    p = Path(path)
-    return p.is_dir() and (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
 def mlx_available() -> bool:
@@ -109,7 +102,7 @@ def check_mlx_memory(plan, spec, hardware, *, folder: str | None = None, force: 
 
     Raises InsufficientMemoryError (with the numbers) when the model does not fit Metal's working-set
     budget, unless ``force``."""
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     if not _apple(hardware):
         return None
@@ -133,7 +126,7 @@ def prepare_mlx_memory(plan, spec, hardware, *, folder: str | None = None, force
     when the plan fits. Returns the limit set (bytes) or None. The probe and ``mx.set_wired_limit``
     lines run only on macOS arm64 (``_on_apple_silicon``); tests inject profiles and a fake ``mx``."""
     if hardware is None and _on_apple_silicon():  # Mac only
-        from localrun.hardware import probe_hardware
+        from localrun.machine.hardware import probe_hardware
 
         hardware = probe_hardware()
     limit = check_mlx_memory(plan, spec, hardware, folder=folder, force=force)
@@ -168,7 +161,7 @@ def metal_device_info(mx=None) -> dict:
 
 def gpu_from_mlx(info: dict):
     """A GpuInfo for Apple's GPU from ``metal_device_info()`` (None when MLX reports no Metal GPU)."""
-    from localrun.hardware import GpuInfo
+    from localrun.machine.hardware import GpuInfo
 
     mem = int(info.get("memory_size") or 0)
     ws = info.get("max_recommended_working_set_size")

@@ -76,8 +76,8 @@ class LlamaCppEngine:
     serial = False  # n_parallel sequences are decoded together
 
     def __init__(self, model_path: str, plan, *, chat_template: str | None = None, spec=None) -> None:
-        from localrun.chat_template import ChatTemplate
-        from localrun.gguf_info import read_gguf
+        from localrun.model.chat_template import ChatTemplate
+        from localrun.model.gguf_info import read_gguf
 
         self.model_path = model_path
         self.plan = plan
@@ -186,7 +186,7 @@ class LlamaCppEngine:
 
     @property
     def supports_tools(self) -> bool:
-        from localrun.chat_template import template_supports_tools
+        from localrun.model.chat_template import template_supports_tools
 
         return template_supports_tools(self.template_source)
 
@@ -228,7 +228,7 @@ class LlamaCppEngine:
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
-        from localrun.chat_template import render_chat
+        from localrun.model.chat_template import render_chat
 
         return render_chat(self._template, self.model_path, messages,
                            add_generation_prompt=add_generation_prompt, tools=tools)
@@ -239,7 +239,7 @@ class LlamaCppEngine:
         """Render ``messages`` with the chat template → (prompt text, token ids). Only the template's own
         markers become control tokens; message text is always tokenised as text (see
         ``chat_template.chat_prompt_tokens``). Raises ChatTemplateError."""
-        from localrun.chat_template import chat_prompt_tokens
+        from localrun.model.chat_template import chat_prompt_tokens
 
         return chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
                                   add_generation_prompt=add_generation_prompt, tools=tools,

@@ -75,7 +75,7 @@ class MlxEngine:
                  hardware=None, force: bool = False, dtype: str | None = None,
                  cpu_dequantize: bool | None = None) -> None:
         from localrun.backends import choice
-        from localrun.chat_template import ChatTemplate
+        from localrun.model.chat_template import ChatTemplate
 
         mx = _import_mlx()
         self.mx = mx
@@ -87,7 +87,7 @@ class MlxEngine:
         if not is_dir and not os.path.isfile(self.model_path):
             raise ModelNotFoundError(self.model_path)
         if not is_dir:
-            from localrun.gguf_info import read_gguf
+            from localrun.model.gguf_info import read_gguf
 
             self.spec = spec or read_gguf(self.model_path)
             self.spec.check_complete()
@@ -178,7 +178,7 @@ class MlxEngine:
 
     @property
     def supports_tools(self) -> bool:
-        from localrun.chat_template import template_supports_tools
+        from localrun.model.chat_template import template_supports_tools
 
         return template_supports_tools(self.template_source)
 
@@ -251,7 +251,7 @@ class MlxEngine:
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
-        from localrun.chat_template import render_chat
+        from localrun.model.chat_template import render_chat
 
         return render_chat(self._template, self.model_path, messages,
                            add_generation_prompt=add_generation_prompt, tools=tools)
@@ -262,7 +262,7 @@ class MlxEngine:
         """Render ``messages`` with the chat template → (prompt text, token ids). Only the template's own
         markers become control tokens; message text is always tokenised as text (see
         ``chat_template.chat_prompt_tokens``). Raises ChatTemplateError."""
-        from localrun.chat_template import chat_prompt_tokens
+        from localrun.model.chat_template import chat_prompt_tokens
 
         return chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
                                   add_generation_prompt=add_generation_prompt, tools=tools,

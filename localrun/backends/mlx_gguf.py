@@ -100,7 +100,7 @@ def read_metadata(path: str) -> dict[str, Any]:
     """All GGUF key/values, the vocabulary arrays included (the tokenizer needs them): ``gguf_info``'s
     parser with ``all_arrays`` (string arrays as lists of str, numeric arrays as lists). Raises
     ModelFormatError on a corrupt header."""
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
 
     return read_gguf(path, all_arrays=True).metadata
 
@@ -180,7 +180,7 @@ def convert_gguf(path: str, spec=None, *, dtype: str | None = None) -> Converted
     UnsupportedArchitectureError, ModelFormatError, TruncatedModelError."""
     import mlx.core as mx
 
-    from localrun.gguf_info import read_gguf
+    from localrun.model.gguf_info import read_gguf
 
     spec = spec or read_gguf(path)
     spec.check_complete()
@@ -234,7 +234,7 @@ def _requantize_all(path: str, spec, requantized: dict[str, int]) -> dict:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from localrun.gguf_info import ggml_type_info
+    from localrun.model.gguf_info import ggml_type_info
 
     out: dict[str, Any] = {}
     mm = np.memmap(path, dtype=np.uint8, mode="r")

@@ -36,7 +36,7 @@ from localrun.backends.base import BatchEngine, Chunk, Message, SamplingParams, 
 from localrun.errors import BackendError
 
 if TYPE_CHECKING:
-    from localrun.gguf_info import ModelSpec
+    from localrun.model.gguf_info import ModelSpec
 
 SERIAL_NOTE = "requests served one at a time"
 

@@ -7,7 +7,7 @@ The planner predicts (issue 3, ``localrun/offload/``)::
 
 so bench inverts the same two formulas on what it measured at concurrency 1 and stores the result with
 ``save_measurement(backend, device, decode_bandwidth_gbps=…, prefill_gflops=…, source="bench --calibrate")``
-(schema in ``localrun/measurements.py``). "Effective" means everything per token is folded in (kernel
+(schema in ``localrun/machine/measurements.py``). "Effective" means everything per token is folded in (kernel
 efficiency, sampling, Python), so a later prediction for a similar model lands close to what runs.
 
 Bytes read per decoded token and active parameters are the planner's own functions
@@ -62,7 +62,7 @@ def device_of(plan, hardware=None) -> str:
 
 def save_calibration(plan, values: dict, model_name: str, hardware=None) -> dict:
     """Store ``values`` for ``plan.backend``/``device_of(plan)``; returns the stored entry."""
-    from localrun.measurements import save_measurement
+    from localrun.machine.measurements import save_measurement
 
     return save_measurement(plan.backend, device_of(plan, hardware),
                             decode_bandwidth_gbps=values["decode_bandwidth_gbps"],

@@ -185,7 +185,7 @@ class Monitor:
         return total if seen else None
 
     def _cpu_estimate_j(self) -> tuple[float, str]:
-        from localrun.hardware import probe_cpu
+        from localrun.machine.hardware import probe_cpu
 
         cpu = probe_cpu()
         watts, how = tdp_watts(cpu.model, cpu.physical_cores)

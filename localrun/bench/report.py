@@ -6,7 +6,7 @@ drops the raw samples that only the plot needs.
 
 from __future__ import annotations
 
-from localrun.hardware import fmt_bytes
+from localrun.machine.hardware import fmt_bytes
 
 
 class LiveProgress:

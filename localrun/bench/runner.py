@@ -53,7 +53,7 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
 
     ``on_level_start(concurrency, n_requests | None)`` and ``on_result(RequestResult)`` feed a progress display.
     """
-    from localrun.hardware import probe_hardware
+    from localrun.machine.hardware import probe_hardware
 
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     hw = probe_hardware()
@@ -69,7 +69,7 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
     else:
         from localrun.bench.clients import EngineClient
         from localrun.loading import load_model
-        from localrun.store import display_name
+        from localrun.store.resolve import display_name
 
         loaded = load_model(opts.model, backend="llamacpp", n_ctx=max(opts.n_ctx or 0, needed_ctx(w)),
                             n_parallel=max(w.concurrency), n_threads=opts.n_threads)

@@ -8,21 +8,6 @@ from typing import Optional
 
 import typer
 
-HELP = """\
-Commands:
-  /help              this help
-  /clear             forget the conversation (the system prompt stays)
-  /system TEXT       set the system prompt (no TEXT: show it)
-  /stats             statistics of the last answer and the session
-  /save FILE         save the conversation as JSON
-  /load FILE         load a conversation saved with /save
-  /exit, /bye        leave (Ctrl-D too)
-Input:
-  \"\"\" starts and ends a multi-line message; a line ending in \\ continues on the next line;
-  Esc then Enter inserts a newline. Up/Down recall earlier input.
-  Ctrl-C while the model answers stops that answer and keeps the session.
-"""
-
 
 def threads_option(value: Optional[str]) -> Optional[int]:
     """``-t/--threads`` as in llama.cpp: a CPU thread count ≥ 1. ``chat -t 0`` / ``-t 0.7`` (the temperature, in
@@ -69,7 +54,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Chat with a model in the terminal."""
         from localrun.backends.base import SamplingParams
-        from localrun.chat import DEFAULT_SYSTEM_PROMPT, ChatSession
+        from localrun.chat import DEFAULT_SYSTEM_PROMPT, ChatSession, Repl
         from localrun.loading import load_model
         from localrun.render import stderr
 
@@ -91,8 +76,7 @@ def register(app: typer.Typer) -> None:
         try:
             if not raw and not engine.has_chat_template:
                 from localrun.errors import ChatTemplateError
-
-                from localrun.store import display_name
+                from localrun.store.resolve import display_name
 
                 raise ChatTemplateError(
                     f"{display_name(engine.model_path)} has no chat template: it is a "
@@ -105,8 +89,6 @@ def register(app: typer.Typer) -> None:
                 text = prompt if prompt is not None else sys.stdin.read()
                 _one_shot(session, text, raw, verbose, loaded)
                 return
-            from localrun.repl import Repl
-
             Repl(session, loaded, raw=raw).run()
         finally:
             engine.close()
@@ -131,6 +113,6 @@ def _one_shot(session, text: str, raw: bool, verbose: bool, loaded) -> None:
     for note in session.notices:  # dropped input, a loop cut short: said every time, on stderr
         stderr().print(f"note: {note}", style="yellow")
     if verbose and last and last.stats:
-        from localrun.repl import stats_line
+        from localrun.chat import stats_line
 
         stderr().print(stats_line(last.stats), style="dim")

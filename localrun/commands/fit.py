@@ -37,11 +37,11 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
     """The HardwareProfile to plan for: a preset, else the detected machine, with --vram/--ram/--gpu/--disk
     applied on top. Raises ConfigError for a bad size or disk kind."""
     from localrun.errors import ConfigError
-    from localrun.hardware import DiskInfo, GpuInfo, apple_working_set_bytes, probe_hardware
+    from localrun.machine.hardware import DiskInfo, GpuInfo, apple_working_set_bytes, probe_hardware
     from localrun.units import parse_bytes
 
     if preset:
-        from localrun.presets import get_preset
+        from localrun.machine.presets import get_preset
 
         hw = get_preset(preset)
     else:
@@ -76,81 +76,12 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
     return hw
 
 
-def candidates(model):
-    """MODEL → (title, [Candidate]) — the file first (source "file"), or a catalog entry's quant ladder.
-    Raises ModelNotFoundError / ModelFormatError."""
-    from pathlib import Path
-
-    from localrun.catalog import get_entry
-    from localrun.errors import ModelNotFoundError
-    from localrun.gguf_info import read_gguf
-    from localrun.offload.choose import DEFAULT_LADDER, Candidate
-    from localrun.offload.synthetic import requantize, spec_from_entry, supported_quants
-    from localrun.store import resolve_model
-
-    entry = None
-    path = None
-    try:
-        path = resolve_model(model)
-    except ModelNotFoundError:
-        entry = get_entry(model) if model else None
-        if entry is None:
-            raise
-    if path is not None and Path(path).is_file():
-        spec = read_gguf(path)
-        out = [Candidate(spec.file_type, spec, "file")]
-        for q in DEFAULT_LADDER:
-            if q != spec.file_type:
-                out.append(Candidate(q, requantize(spec, q), "other quantization (not downloaded)"))
-        from localrun.store import display_name
-
-        return display_name(path), out
-    if path is not None:
-        raise ModelNotFoundError(str(path), hint="`localrun fit` plans GGUF files and models.toml names")
-    want = model.split(":", 1)[1].upper() if ":" in model else None
-    quants = [q for q in entry.quants if q.upper() in supported_quants()] or DEFAULT_LADDER
-    if want:
-        if want not in supported_quants():
-            raise ModelNotFoundError(model, hint=f"{entry.name} quantizations: {', '.join(quants)}")
-        quants = [want]
-    return entry.name, [Candidate(q, spec_from_entry(entry, q), "catalog") for q in quants]
-
-
-def plan_model_here(model, hw, *, n_ctx=None, n_parallel=1, kv_type=None, flash_attn=None, goal="balanced",
-                    measurement=None):
-    """(title, chosen Plan or None, every Plan) for MODEL on ``hw``: what `fit` prints and `show` sums up.
-
-    A file is planned as it is (its quantization), with the other quantizations as alternatives; a
-    catalog name chooses among its quantizations. Raises ModelNotFoundError / ModelFormatError /
-    ConfigError."""
-    from localrun.offload.choose import choose
-
-    title, cands = candidates(model)
-    kw = dict(n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, measurement=measurement)
-    file_cands = [c for c in cands if c.source == "file"]
-    if file_cands:
-        chosen, plans = choose(file_cands, hw, goal=goal, n_ctx=n_ctx, **kw)
-        _, others = choose([c for c in cands if c.source != "file"], hw, goal=goal, n_ctx=n_ctx, **kw)
-        plans += others
-        if chosen is not None:  # a given file has one quantization: say so, and what a download would give
-            chosen.reasons[0] = (f"{chosen.quant} (KL-divergence ≈ {chosen.quality_kld:g}): the quantization of "
-                                 "this file")
-            better = [p for p in others if p.fits and p.quality_kld < chosen.quality_kld
-                      and not p.disk_backed_bytes and p.decode_tok_s >= 5]
-            if better:
-                b = better[0]
-                chosen.reasons.insert(1, f"{b.quant} would also fit here, with better quality "
-                                         f"(≈ {b.decode_tok_s:.0f} tok/s): another file to download")
-    else:
-        chosen, plans = choose(cands, hw, goal=goal, n_ctx=n_ctx, **kw)
-    return title, chosen, plans
-
-
 def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
             disk=None, preset=None, goal="balanced", json_out=False) -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits)."""
     from localrun.errors import ConfigError
-    from localrun.measurements import planner_measurement
+    from localrun.machine.measurements import planner_measurement
+    from localrun.store.info import plan_model_here
 
     if kv_type and kv_type.lower() not in ("f16", "q8_0", "q4_0", "f32", "bf16", "q4_1", "q5_0", "q5_1"):
         raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
@@ -181,7 +112,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
 def _render(title, hw, chosen, plans) -> None:
     from rich.table import Table
 
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
     from localrun.render import stdout
 
     con = stdout()

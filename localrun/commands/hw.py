@@ -16,11 +16,11 @@ def register(app: typer.Typer) -> None:
            forget: bool = typer.Option(False, "--forget", help="Delete the stored measurements: plan from "
                                        "the spec tables again.")) -> None:
         """Show CPU, RAM, GPUs (VRAM, Apple unified memory) and the model disk."""
-        from localrun.hardware import probe_hardware
+        from localrun.machine.hardware import probe_hardware
         from localrun.render import print_json, stderr, stdout
 
         if forget:
-            from localrun.measurements import forget_measurements
+            from localrun.machine.measurements import forget_measurements
 
             gone = forget_measurements()
             stderr().print(f"forgot {', '.join(gone)}" if gone else "no measurements were stored", highlight=False)
@@ -55,10 +55,10 @@ def measure_llamacpp_cpu(n_prompt: int = 128, n_decode: int = 32, meter=None) ->
     from localrun.backends.base import SamplingParams
     from localrun.bench.calibrate import calibration_values
     from localrun.errors import LocalrunError
-    from localrun.gguf_info import read_gguf
-    from localrun.measurements import LoadMeter, save_measurement
+    from localrun.machine.measurements import LoadMeter, save_measurement
+    from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import plan_for_run
-    from localrun.store import default_model_path
+    from localrun.store.resolve import default_model_path
 
     path = default_model_path()
     spec = read_gguf(path)

@@ -18,9 +18,9 @@ def register(app: typer.Typer) -> None:
         Works on a file whose weights are truncated (reads only the header) and says so.
         """
         from localrun.errors import ModelFormatError
-        from localrun.gguf_info import read_gguf
+        from localrun.model.gguf_info import read_gguf
         from localrun.render import print_json, stdout
-        from localrun.store import display_name, resolve_model
+        from localrun.store.resolve import display_name, resolve_model
 
         path = resolve_model(model)
         if path.is_dir():
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
             return
         from rich.table import Table
 
-        from localrun.hardware import fmt_bytes
+        from localrun.machine.hardware import fmt_bytes
 
         con = stdout()
         t = Table(title=f"{display_name(path)} ({spec.path})", show_header=False)

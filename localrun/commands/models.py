@@ -26,8 +26,8 @@ def pull(
     With no QUANT the planner picks the best quantization for this machine and says why. Gated
     models need HF_TOKEN. An interrupted pull continues where it stopped when run again.
     """
-    from localrun.pull import pull as do_pull
     from localrun.render import print_json, stderr
+    from localrun.store.pull import pull as do_pull
     from localrun.units import fmt_bytes
 
     if json_out:
@@ -47,13 +47,12 @@ def pull_with_progress(model: str, *, force: bool = False, confirm=None):
 
     The bar appears with the first byte, so an error before the download (an unknown name, a hub that
     cannot be reached) prints only the error. ``confirm(file)`` is called once the file and its size are
-    known, before any byte; it may raise (``typer.Exit``) to stop. Raises what ``localrun.pull.pull``
+    known, before any byte; it may raise (``typer.Exit``) to stop. Raises what ``localrun.store.pull.pull``
     raises (ModelNotFoundError, DownloadError)."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    from localrun.pull import pull as do_pull
     from localrun.render import stderr
+    from localrun.store.pull import pull as do_pull
     from localrun.units import fmt_bytes
 
     err = stderr()
@@ -97,11 +96,11 @@ def ls(
                                   help="Include GGUFs found in the Hugging Face cache, Ollama and LM Studio."),
 ) -> None:
     """Models on disk: name, quantization, size, and where (localrun's store or another tool's folder)."""
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
     from localrun.render import print_json, stdout
 
     if catalog:
-        from localrun.catalog import load_catalog
+        from localrun.model.catalog import load_catalog
 
         entries = load_catalog()
         if json_out:
@@ -120,9 +119,8 @@ def ls(
             t.add_row(e.name, p, f"{e.n_ctx_train:,}", e.license, " ".join(e.quants))
         stdout().print(t)
         return
-    from localrun.store import list_local_models
-
-    from localrun.gguf_info import file_status
+    from localrun.model.gguf_info import file_status
+    from localrun.store.resolve import list_local_models
 
     models = list_local_models(external=external, embedded=True)
     status = [file_status(m.path) for m in models]  # header only: quant when the name lacks it, completeness
@@ -154,8 +152,8 @@ def rm(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Delete a pulled model from localrun's store. Files of other tools are never touched."""
-    from localrun.store import remove_pulled
     from localrun.render import print_json, stdout
+    from localrun.store.resolve import remove_pulled
 
     removed = remove_pulled(model, all_quants=yes)
     if json_out:
@@ -170,8 +168,8 @@ def show(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Catalog facts, the file's header (when on disk) and a fit summary for this machine."""
-    from localrun.modelinfo import show_info
     from localrun.render import print_json, stdout
+    from localrun.store.info import show_info
 
     info = show_info(model)
     if json_out:
@@ -182,7 +180,7 @@ def show(
     t = Table(title=info["name"], show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    for label, text in info["summary"]:  # readable rows, built by modelinfo.summary_rows
+    for label, text in info["summary"]:  # readable rows, built by store.info.summary_rows
         t.add_row(label, text)
     stdout().print(t)
 
@@ -194,8 +192,8 @@ def ps(
     api_key: Optional[str] = typer.Option(None, "--api-key", help="The key the server was started with (LOCALRUN_API_KEY)."),
 ) -> None:
     """What a running `localrun serve` has loaded: model, quantization, memory, plan (GET /api/ps)."""
-    from localrun.modelinfo import server_ps
     from localrun.render import print_json, stdout
+    from localrun.store.info import server_ps
 
     info = server_ps(host=host, port=port, api_key=api_key)
     if json_out:
@@ -213,7 +211,7 @@ def ps(
         return
     from rich.table import Table
 
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     t = Table(title=f"localrun serve at {info['url']}")
     for c in ("name", "quant", "memory", "VRAM", "context", "plan"):

@@ -40,7 +40,7 @@ def ensure_local(model: str | None, *, yes: bool) -> str | None:
     ModelNotFoundError with the command to run. Other errors (a missing path, a folder of several models,
     a name nothing matches) are ``resolve_model``'s, unchanged."""
     from localrun.errors import ModelNotFoundError
-    from localrun.store import looks_like_path, resolve_model
+    from localrun.store.resolve import looks_like_path, resolve_model
 
     try:
         resolve_model(model)
@@ -59,7 +59,7 @@ def ensure_local(model: str | None, *, yes: bool) -> str | None:
 
 def _pullable(model: str) -> bool:
     from localrun.errors import LocalrunError
-    from localrun.pull import parse_ref
+    from localrun.store.pull import parse_ref
 
     try:
         parse_ref(model)

@@ -60,7 +60,7 @@ def parse_max_body(text: str) -> int:
     """``--max-body`` ('8MiB', '512KiB', '1GiB') → bytes. Raises ConfigError for other text or a size
     under 1 KiB (no request fits in less)."""
     from localrun.errors import ConfigError
-    from localrun.hardware import parse_bytes
+    from localrun.machine.hardware import parse_bytes
 
     try:
         n = parse_bytes(text)
@@ -164,7 +164,7 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     engine, plan, hw = load_for_serving(model, settings, parallel=parallel, ctx=ctx, threads=threads,
                                         force=force, chat_template=chat_template, backend=backend,
                                         kv_type=kv_type, flash_attn=flash_attn)
-    from localrun.store import display_name
+    from localrun.store.resolve import display_name
 
     options = ServeOptions(model_id=alias or display_name(engine.model_path), api_key=settings.api_key,
                            cors_origins=list(cors_origins),

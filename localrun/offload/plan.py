@@ -97,7 +97,7 @@ VRAM_MARGIN = 0.05  # of usable VRAM, for fragmentation and what the estimate ca
 
 
 def _gib(n: float) -> str:
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     return fmt_bytes(n)
 
@@ -455,7 +455,7 @@ def plan_for_run(spec, hardware, *, n_ctx: int | None = None, n_parallel: int = 
     """The Plan chat/serve load: the planner's choice for ``spec`` on ``hardware``, with every flag given
     overriding it. ``n_ctx`` None lets the planner choose (see ``plan_model``); ``n_gpu_layers`` uses
     llama.cpp's meaning (-1 = all). ``measurement``: this machine's measured speeds
-    (``localrun.measurements.planner_measurement``), passed in by the caller so the planner does no I/O.
+    (``localrun.machine.measurements.planner_measurement``), passed in by the caller so the planner does no I/O.
     The plan carries ``fits``, ``reasons`` and ``warnings``; pass it to ``check_fits`` before loading."""
     if n_gpu_layers is not None and n_gpu_layers < 0:
         n_gpu_layers = spec.n_layer + 1

@@ -10,7 +10,7 @@ Gemma-3 file are reproduced to within 1% (tests/test_fit_synthetic.py).
 
 from __future__ import annotations
 
-from localrun.gguf_info import GGML_TYPES, FILE_TYPES, ModelSpec, TensorInfo, ggml_type_id
+from localrun.model.gguf_info import FILE_TYPES, GGML_TYPES, ModelSpec, TensorInfo, ggml_type_id
 
 # ftype → (base type, output type, attn_v rule, ffn_down rule). Rules: "more" = Q6_K on use_more_bits
 # layers; "q3km" = Q3_K_M's schedule; None = base type.

@@ -47,7 +47,7 @@ def packaged_model_path(model: str) -> Path | None:
     assembled and checksum-verified by the package itself on first use; None when not installed."""
     import importlib
 
-    from localrun.catalog import normalize_quant
+    from localrun.model.catalog import normalize_quant
 
     base, _, quant = model.lower().partition(":")
     entry = PACKAGED_MODELS.get(base)
@@ -122,7 +122,7 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
         hint = (f"check the path ({p.parent} {'exists' if p.parent.is_dir() else 'does not exist'}); "
                 "`localrun ls` lists the models on disk")
     else:
-        from localrun.catalog import get_entry
+        from localrun.model.catalog import get_entry
 
         if get_entry(model) is not None or model.startswith(("hf.co/", "huggingface.co/")) or "/" in model:
             hint = (f"not downloaded yet: `localrun pull {model}` fetches it (or `localrun run {model}`); "
@@ -146,7 +146,7 @@ def suggest(model: str, models_dir: Path | None = None, *, n: int = 3) -> list[s
     ≥ 0.75 counts. A ``:QUANT`` is kept on the suggestion."""
     from difflib import SequenceMatcher
 
-    from localrun.catalog import load_catalog
+    from localrun.model.catalog import load_catalog
 
     base, sep, quant = model.partition(":")
     low = base.lower()
@@ -201,6 +201,12 @@ def folder_ggufs(folder: Path) -> list[Path]:
     return []
 
 
+def is_mlx_folder(path: str | os.PathLike) -> bool:
+    """A directory with config.json and at least one *.safetensors (the mlx-community layout)."""
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
 def resolve_folder(folder: Path) -> Path:
     """A folder given as MODEL → what to load, the same for every command.
 
@@ -208,7 +214,6 @@ def resolve_folder(folder: Path) -> Path:
     it); a folder with exactly one GGUF model → that file (a split model's first part). Raises
     AmbiguousModelError listing the files when there are several, ModelNotFoundError when there is none.
     """
-    from localrun.backends.choice import is_mlx_folder
     from localrun.errors import AmbiguousModelError
 
     if is_mlx_folder(folder):
@@ -292,8 +297,8 @@ def _size(p: Path) -> int:
 
 def scan_store(models_dir: Path) -> list[LocalModel]:
     """GGUFs in localrun's own store, named by their pull sidecar when there is one."""
-    from localrun.catalog import quant_from_filename
-    from localrun.download import SIDECAR_SUFFIX
+    from localrun.model.catalog import quant_from_filename
+    from localrun.store.download import SIDECAR_SUFFIX
 
     out = []
     if not models_dir.is_dir():
@@ -318,7 +323,7 @@ def scan_store(models_dir: Path) -> list[LocalModel]:
 
 def scan_hf_cache(cache: Path | None = None) -> list[LocalModel]:
     """GGUFs in the Hugging Face cache: models--OWNER--REPO/snapshots/REV/FILE (links into blobs/)."""
-    from localrun.catalog import quant_from_filename
+    from localrun.model.catalog import quant_from_filename
 
     cache = cache or hf_cache_dir()
     out, seen = [], set()
@@ -379,7 +384,7 @@ def scan_ollama(roots: list[Path] | None = None) -> list[LocalModel]:
 
 def scan_lmstudio(roots: list[Path] | None = None) -> list[LocalModel]:
     """LM Studio models: PUBLISHER/REPO/FILE.gguf under its models folder."""
-    from localrun.catalog import quant_from_filename
+    from localrun.model.catalog import quant_from_filename
 
     out = []
     for root in roots if roots is not None else lmstudio_models_dirs():
@@ -421,7 +426,7 @@ def list_local_models(models_dir: Path | None = None, *, external: bool = True,
 
 def _match(models: list[LocalModel], model: str) -> LocalModel | None:
     """``name``, ``name:QUANT``, Ollama ``model[:tag]`` or a hub ``OWNER/REPO[:QUANT]`` among ``models``."""
-    from localrun.catalog import normalize_quant
+    from localrun.model.catalog import normalize_quant
 
     low = model.lower()
     for prefix in ("hf.co/", "huggingface.co/", "https://huggingface.co/"):
@@ -447,7 +452,7 @@ def _match(models: list[LocalModel], model: str) -> LocalModel | None:
 
 def _catalog_in_hf_cache(model: str) -> LocalModel | None:
     """A catalog ``name[:QUANT]`` whose source file (repo + file) is already in the Hugging Face cache."""
-    from localrun.catalog import get_entry, normalize_quant
+    from localrun.model.catalog import get_entry, normalize_quant
 
     entry = get_entry(model)
     if entry is None:
@@ -470,7 +475,7 @@ def remove_pulled(model: str, *, all_quants: bool = False, models_dir: Path | No
     when ``name`` has several quantizations and ``all_quants`` is not set.
     """
     from localrun.errors import ConfigError
-    from localrun.download import PARTIAL_SUFFIX, SIDECAR_SUFFIX
+    from localrun.store.download import PARTIAL_SUFFIX, SIDECAR_SUFFIX
 
     if models_dir is None:
         from localrun.config import get_settings

@@ -118,7 +118,6 @@ class HardwareProfile:
 # byte formatting and parsing live in localrun.units; re-exported for existing importers
 from localrun.units import fmt_bytes, parse_bytes  # noqa: E402,F401
 
-
 # ---------------------------------------------------------------------------------------------------
 # probes (each returns plain data and never raises for a missing device)
 # ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The interactive chat loop (rendering + input), on top of ``localrun.chat.ChatSession``.
+"""The interactive chat loop (rendering + input), on top of ``localrun.chat.session.ChatSession``.
 
 Input uses prompt_toolkit (history in ``<LOCALRUN_HOME>/history``, Esc-Enter for a newline) when the
 terminal supports it, else ``input()``. Ctrl-C during an answer stops that answer (the generator is
@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from localrun.backends.base import Stats
+from localrun.chat.help import HELP
 from localrun.errors import LocalrunError
 
 PROMPT = ">>> "
@@ -87,7 +88,7 @@ class Repl:
     def run(self) -> None:
         s, plan = self.session, self.loaded.plan
         eng = s.engine
-        from localrun.store import display_name
+        from localrun.store.resolve import display_name
 
         name = display_name(eng.model_path)
         self.con.print(f"[bold]{name}[/] · {eng.backend} · n_ctx {eng.n_ctx} · "
@@ -147,8 +148,6 @@ class Repl:
             if cmd in ("/exit", "/bye", "/quit"):
                 return "exit"
             if cmd in ("/help", "/?"):
-                from localrun.commands.chat import HELP
-
                 self.con.print(HELP, markup=False)
             elif cmd == "/clear":
                 s.clear()

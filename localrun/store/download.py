@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
-from localrun.catalog import quant_from_filename
 from localrun.errors import DownloadError
+from localrun.model.catalog import quant_from_filename
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 SIDECAR_SUFFIX = ".localrun.json"
@@ -45,8 +45,13 @@ def hub_errors(repo: str, what: str):
 
     @contextmanager
     def cm():
-        from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RemoteEntryNotFoundError,
-                                            RepositoryNotFoundError, RevisionNotFoundError)
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            RemoteEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
         try:
             yield
         except GatedRepoError:
@@ -173,7 +178,7 @@ def download_file(repo: str, file: str, dest: Path, *, revision: str = "main", e
     from huggingface_hub import get_hf_file_metadata
     from huggingface_hub.utils import build_hf_headers
 
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     url = _file_url(repo, file, revision)
     with hub_errors(repo, file):
@@ -262,7 +267,7 @@ def check_split_space(repo: str, parts: list[str], folder: Path, revision: str, 
     """Refuse a split download before its first byte when all its parts together do not fit the disk."""
     from huggingface_hub import get_hf_file_metadata
 
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     need = 0
     for part in parts:

@@ -1,5 +1,7 @@
-"""What `localrun show` and `localrun ps` report: catalog facts + file header + a fit summary, and what a
-running `localrun serve` has loaded (its ``GET /api/ps``, Ollama's format plus localrun fields)."""
+"""What `localrun fit`, `show` and `ps` report about a model: MODEL → the planner's candidates and plans on
+a machine (``plan_model_here``, the one planning path of `fit` and `show`); catalog facts + file header + a
+fit summary (``show_info``); and what a running `localrun serve` has loaded (its ``GET /api/ps``, Ollama's
+format plus localrun fields)."""
 
 from __future__ import annotations
 
@@ -15,16 +17,15 @@ def show_info(model: str, hardware=None) -> dict:
     ``catalog``: the models.toml entry; ``file``: the GGUF header summary when the model is on disk
     (pulled, found in another tool's folder, or a path), with ``complete`` False when its tensor data is
     cut short; ``fit``: the planner's answer for this machine — the same plans, sizes and speeds as
-    `localrun fit` (``commands.fit.plan_model_here`` with ``measurements.planner_measurement``), one
+    `localrun fit` (``plan_model_here`` with ``measurements.planner_measurement``), one
     row per quantization, and the quantization `localrun pull` would choose; ``summary``: the readable
     rows `localrun show` prints, ``[[label, text], …]``. ``hardware`` None = this machine (measured
     speeds apply); a given profile describes another machine. Raises ModelNotFoundError when MODEL is
     none of these.
     """
-    from localrun.catalog import get_entry
-    from localrun.commands.fit import plan_model_here
-    from localrun.measurements import planner_measurement
-    from localrun.store import resolve_model
+    from localrun.machine.measurements import planner_measurement
+    from localrun.model.catalog import get_entry
+    from localrun.store.resolve import resolve_model
 
     entry = get_entry(model) if "/" not in model and not model.endswith(".gguf") else None
     path = None
@@ -40,7 +41,7 @@ def show_info(model: str, hardware=None) -> dict:
                                       for q, s in entry.sources.items()}
     spec = None
     if path is not None and path.is_file():
-        from localrun.gguf_info import read_gguf
+        from localrun.model.gguf_info import read_gguf
 
         spec = read_gguf(path)
         s = spec.summary()
@@ -49,7 +50,7 @@ def show_info(model: str, hardware=None) -> dict:
                         **{k: s[k] for k in ("architecture", "n_params", "n_layer", "n_ctx_train") if k in s}}
     meas = planner_measurement("llamacpp") if hardware is None else None
     if hardware is None:
-        from localrun.hardware import probe_hardware
+        from localrun.machine.hardware import probe_hardware
 
         hardware = probe_hardware()
     _, chosen, plans = plan_model_here(str(path) if spec is not None else entry.name, hardware, measurement=meas)
@@ -58,6 +59,76 @@ def show_info(model: str, hardware=None) -> dict:
         info["fit"].update(_pull_choice(entry, hardware, meas))
     info["summary"] = summary_rows(info, spec, entry)
     return info
+
+
+def candidates(model):
+    """MODEL → (title, [Candidate]) — the file first (source "file"), or a catalog entry's quant ladder.
+    Raises ModelNotFoundError / ModelFormatError."""
+    from pathlib import Path
+
+    from localrun.errors import ModelNotFoundError
+    from localrun.model.catalog import get_entry
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.choose import DEFAULT_LADDER, Candidate
+    from localrun.offload.synthetic import requantize, spec_from_entry, supported_quants
+    from localrun.store.resolve import resolve_model
+
+    entry = None
+    path = None
+    try:
+        path = resolve_model(model)
+    except ModelNotFoundError:
+        entry = get_entry(model) if model else None
+        if entry is None:
+            raise
+    if path is not None and Path(path).is_file():
+        spec = read_gguf(path)
+        out = [Candidate(spec.file_type, spec, "file")]
+        for q in DEFAULT_LADDER:
+            if q != spec.file_type:
+                out.append(Candidate(q, requantize(spec, q), "other quantization (not downloaded)"))
+        from localrun.store.resolve import display_name
+
+        return display_name(path), out
+    if path is not None:
+        raise ModelNotFoundError(str(path), hint="`localrun fit` plans GGUF files and models.toml names")
+    want = model.split(":", 1)[1].upper() if ":" in model else None
+    quants = [q for q in entry.quants if q.upper() in supported_quants()] or DEFAULT_LADDER
+    if want:
+        if want not in supported_quants():
+            raise ModelNotFoundError(model, hint=f"{entry.name} quantizations: {', '.join(quants)}")
+        quants = [want]
+    return entry.name, [Candidate(q, spec_from_entry(entry, q), "catalog") for q in quants]
+
+
+def plan_model_here(model, hw, *, n_ctx=None, n_parallel=1, kv_type=None, flash_attn=None, goal="balanced",
+                    measurement=None):
+    """(title, chosen Plan or None, every Plan) for MODEL on ``hw``: what `fit` prints and `show` sums up.
+
+    A file is planned as it is (its quantization), with the other quantizations as alternatives; a
+    catalog name chooses among its quantizations. Raises ModelNotFoundError / ModelFormatError /
+    ConfigError."""
+    from localrun.offload.choose import choose
+
+    title, cands = candidates(model)
+    kw = dict(n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, measurement=measurement)
+    file_cands = [c for c in cands if c.source == "file"]
+    if file_cands:
+        chosen, plans = choose(file_cands, hw, goal=goal, n_ctx=n_ctx, **kw)
+        _, others = choose([c for c in cands if c.source != "file"], hw, goal=goal, n_ctx=n_ctx, **kw)
+        plans += others
+        if chosen is not None:  # a given file has one quantization: say so, and what a download would give
+            chosen.reasons[0] = (f"{chosen.quant} (KL-divergence ≈ {chosen.quality_kld:g}): the quantization of "
+                                 "this file")
+            better = [p for p in others if p.fits and p.quality_kld < chosen.quality_kld
+                      and not p.disk_backed_bytes and p.decode_tok_s >= 5]
+            if better:
+                b = better[0]
+                chosen.reasons.insert(1, f"{b.quant} would also fit here, with better quality "
+                                         f"(≈ {b.decode_tok_s:.0f} tok/s): another file to download")
+    else:
+        chosen, plans = choose(cands, hw, goal=goal, n_ctx=n_ctx, **kw)
+    return title, chosen, plans
 
 
 def _fit_info(chosen, plans, hardware) -> dict:
@@ -85,7 +156,7 @@ def _pull_choice(entry, hardware, meas) -> dict:
 
 def summary_rows(info: dict, spec=None, entry=None) -> list[list[str]]:
     """The readable `localrun show` table: [[label, text], …] (sizes and speeds as `fit` prints them)."""
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     rows: list[list[str]] = []
     src = spec or entry

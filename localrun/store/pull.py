@@ -10,7 +10,7 @@ What can be pulled (``parse_ref``)::
 Where it goes: ``<models_dir>/<name>/<file>`` plus ``<file>.localrun.json`` (repo, file, quant, size,
 sha256, commit), where ``name`` is the catalog name or ``OWNER--REPO`` for hub references.
 
-How it downloads (``localrun.download.download_file``): ``huggingface_hub.get_hf_file_metadata`` (HEAD …/resolve/REV/FILE)
+How it downloads (``localrun.store.download.download_file``): ``huggingface_hub.get_hf_file_metadata`` (HEAD …/resolve/REV/FILE)
 gives the size (``X-Linked-Size``), the commit and the LFS sha256 (``X-Linked-Etag``); the body is streamed
 with the hub's own HTTP session into ``<file>.partial`` and hashed as it arrives; a second pull of an
 interrupted download hashes the bytes already there and asks for the rest (``Range: bytes=N-``). Only a
@@ -27,11 +27,26 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from localrun.catalog import (UNQUANTIZED, CatalogEntry, estimate_file_bytes, get_entry, normalize_quant,
-                              quant_from_filename)
-from localrun.download import (SIDECAR_SUFFIX, check_split_space, download_file, free_disk_bytes, hub_endpoint,
-                               hub_errors, hub_token, split_parts, write_json_atomic)
 from localrun.errors import DownloadError, ModelNotFoundError
+from localrun.model.catalog import (
+    UNQUANTIZED,
+    CatalogEntry,
+    estimate_file_bytes,
+    get_entry,
+    normalize_quant,
+    quant_from_filename,
+)
+from localrun.store.download import (
+    SIDECAR_SUFFIX,
+    check_split_space,
+    download_file,
+    free_disk_bytes,
+    hub_endpoint,
+    hub_errors,
+    hub_token,
+    split_parts,
+    write_json_atomic,
+)
 
 FIT_MARGIN = 1.2  # the simple rule: file size + 20% must fit in VRAM or RAM
 
@@ -114,7 +129,7 @@ def parse_ref(ref: str) -> PullRef:
     base, _, quant = ref.partition(":")
     entry = get_entry(base)
     if entry is None:
-        from localrun.store import did_you_mean
+        from localrun.store.resolve import did_you_mean
 
         raise ModelNotFoundError(ref, message=f"{base!r} is not in the catalog",
                                  hint=did_you_mean(ref) + "`localrun ls --catalog` lists the catalog; any GGUF "
@@ -206,7 +221,7 @@ def choose_quant(files: list[RemoteFile], hw, entry: CatalogEntry | None = None)
     quantized file whose size × 1.2 fits the memory budget (unquantized F16/BF16/F32 only when nothing
     quantized exists), else the smallest.
     """
-    from localrun.hardware import fmt_bytes
+    from localrun.machine.hardware import fmt_bytes
 
     if len(files) == 1:
         return files[0], "the only file"
@@ -229,7 +244,7 @@ def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
     """(file, reason) from the planner's quant-ladder search, or None when it is unavailable or nothing
     fits (the caller then applies the simple rule)."""
     try:
-        from localrun.measurements import planner_measurement
+        from localrun.machine.measurements import planner_measurement
         from localrun.offload.choose import Candidate, choose
         from localrun.offload.synthetic import spec_from_entry, supported_quants
     except ImportError:
@@ -270,7 +285,7 @@ def pull(ref: str, *, models_dir: Path | None = None, hardware=None,
         chosen, reason = files[0], ("the requested file" if pref.file else f"{files[0].quant} as requested")
     else:
         if hardware is None:
-            from localrun.hardware import probe_hardware
+            from localrun.machine.hardware import probe_hardware
 
             hardware = probe_hardware(models_dir)
         chosen, reason = choose_quant(files, hardware, pref.entry)

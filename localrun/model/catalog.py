@@ -75,9 +75,9 @@ class CatalogEntry:
 
 
 def catalog_path() -> Path:
-    """models.toml: next to the package in a source checkout, or shipped inside it when installed."""
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent / "models.toml", here / "models.toml"):
+    """models.toml: at the top of a source checkout, or shipped inside ``localrun/model/`` when installed."""
+    here = Path(__file__).resolve().parent  # localrun/model
+    for cand in (here.parent.parent / "models.toml", here / "models.toml"):
         if cand.is_file():
             return cand
     raise ConfigError("models.toml not found", hint="reinstall localrun")

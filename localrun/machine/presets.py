@@ -8,7 +8,7 @@ Apple's GPU working set from ``apple_working_set_bytes``.
 from __future__ import annotations
 
 from localrun.errors import ConfigError
-from localrun.hardware import CpuInfo, DiskInfo, GiB, GpuInfo, HardwareProfile, apple_working_set_bytes
+from localrun.machine.hardware import CpuInfo, DiskInfo, GiB, GpuInfo, HardwareProfile, apple_working_set_bytes
 
 _X86 = CpuInfo(model="x86-64 desktop CPU (8 cores)", arch="x86_64", physical_cores=8, logical_cores=16,
                simd=["AVX", "AVX2", "FMA", "F16C"])
