@@ -344,10 +344,13 @@ def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
                 continue
             runs[kind]["prefix"] = prefix
             for p in prefix:
-                print(f"   prefix trial {p['trial']}: {p['prompt_tokens'] or 'n/a'} prompt tokens, TTFT first "
-                      f"{_ms(p['ttft_first_s'])}, second {_ms(p['ttft_second_s'])} (ratio {_x(p['ratio'])}, "
-                      f"cached {'n/a' if p['cached_second'] is None else p['cached_second']})" + (f"  ERRORS: {p['errors']}" if p["errors"] else ""),
-                      flush=True)
+                print(
+                    f"   prefix trial {p['trial']}: {p['prompt_tokens'] or 'n/a'} prompt tokens, TTFT first "
+                    f"{_ms(p['ttft_first_s'])}, second {_ms(p['ttft_second_s'])} (ratio {_x(p['ratio'])}, "
+                    f"cached {'n/a' if p['cached_second'] is None else p['cached_second']})"
+                    + (f"  ERRORS: {p['errors']}" if p["errors"] else ""),
+                    flush=True,
+                )
     return runs
 
 
@@ -364,16 +367,22 @@ def _x(r: float | None) -> str:
 
 
 def report(runs: dict[str, dict], args) -> None:
-    print(f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
-          f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}")
-    print(f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
-          f"{'loop':>6}{'others':>8}{'steal':>7}{'tok/s/core':>11}")
+    print(
+        f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
+        f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}"
+    )
+    print(
+        f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
+        f"{'loop':>6}{'others':>8}{'steal':>7}{'tok/s/core':>11}"
+    )
     for run in runs.values():
         for lv in run["levels"]:
-            print(f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
-                  f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
-                  f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{lv.get('steal_cores', 0.0):>7.2f}"
-                  f"{_per_core(lv):>11.1f}")
+            print(
+                f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
+                f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
+                f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{lv.get('steal_cores', 0.0):>7.2f}"
+                f"{_per_core(lv):>11.1f}"
+            )
     pe = runs.get("peer")
     for key in ("localrun", "llama-server"):
         if not (runs.get(key) and pe):
@@ -383,11 +392,16 @@ def report(runs: dict[str, dict], args) -> None:
         for lv in runs[key]["levels"]:
             other = by.get(lv["level"])
             if other and other["tok_s"] > 0:
-                goal = "  (goal ≥ 2.5×: " + ("MET" if lv["tok_s"] / other["tok_s"] >= 2.5 else "NOT MET") + ")" \
-                    if lv["level"] == 8 and key == "localrun" else ""
+                goal = (
+                    "  (goal ≥ 2.5×: " + ("MET" if lv["tok_s"] / other["tok_s"] >= 2.5 else "NOT MET") + ")"
+                    if lv["level"] == 8 and key == "localrun"
+                    else ""
+                )
                 per_core = _per_core(lv) / _per_core(other) if _per_core(other) > 0 else float("nan")
-                print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}; "
-                      f"per server core {per_core:.2f}×")
+                print(
+                    f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}; "
+                    f"per server core {per_core:.2f}×"
+                )
     lr, ls = runs.get("localrun"), runs.get("llama-server")
     if lr and ls:
         print("\nlocalrun serve / llama-server aggregate tok/s:")
@@ -407,8 +421,12 @@ def report(runs: dict[str, dict], args) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2-135M Q4_1)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="threads for both servers (default: 1 if the 1-min load average exceeds 1, else all CPUs)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads for both servers (default: 1 if the 1-min load average exceeds 1, else all CPUs)",
+    )
     ap.add_argument("--ctx", type=int, default=2048, help="context per sequence, tokens (both servers)")
     ap.add_argument("--levels", default="1,4,8,16", help="concurrent streams per level")
     ap.add_argument("--requests", type=int, default=16, help="requests per level (levels > 1)")
@@ -419,9 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-trials", type=int, default=3)
     ap.add_argument("--peer-flash-attn", action="store_true", help="run the peer with --flash_attn True")
     ap.add_argument("--only", choices=("localrun", "peer", "llama-server"), default=None)
-    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), metavar="PATH",
-                    help="also measure llama.cpp's own llama-server binary (built from the same llama.cpp: "
-                    "cmake --build build --target llama-server), started with -np = the top level")
+    ap.add_argument(
+        "--llama-server",
+        default=os.environ.get("LLAMA_SERVER"),
+        metavar="PATH",
+        help="also measure llama.cpp's own llama-server binary (built from the same llama.cpp: "
+        "cmake --build build --target llama-server), started with -np = the top level",
+    )
     ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds before a level is cut off")
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -434,8 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     if args.threads <= 0:
         args.threads = 1 if load0[0] > 1.0 else (os.cpu_count() or 1)
-    print(f"serve_concurrency: load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at start; "
-          f"threads {args.threads}", flush=True)
+    print(
+        f"serve_concurrency: load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at start; "
+        f"threads {args.threads}",
+        flush=True,
+    )
 
     def on_term(signum, frame):  # `timeout` sends SIGTERM: unwind so the finally blocks stop the servers
         raise SystemExit(128 + signum)
@@ -449,9 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     report(runs, args)
     print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v
-                                                         for k, v in vars(args).items()},
-                                               "runs": runs}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": runs},
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -64,7 +64,9 @@ def test_stop_strings_and_max_tokens(smollm_engine):
 
 def test_seeded_sampling_is_reproducible(smollm_engine):
     p = SamplingParams(temperature=1.0, seed=1234, max_tokens=20)
-    assert _text(smollm_engine.generate("The weather today", p)) == _text(smollm_engine.generate("The weather today", p))
+    assert _text(smollm_engine.generate("The weather today", p)) == _text(
+        smollm_engine.generate("The weather today", p)
+    )
 
 
 def test_closing_the_stream_early_keeps_the_engine_usable(smollm_engine):
@@ -93,8 +95,13 @@ def test_context_policy_truncate_oldest(smollm_path):
             _text(s.send(f"Tell me a fact about the number {i}."))
         assert any("dropped" in n for n in s.notices) or len(s.messages) < 16
         assert s.prompt_tokens(s.conversation()) <= eng.n_ctx
-        stop = ChatSession(eng, SamplingParams(temperature=0, max_tokens=24), system=SYSTEM,
-                           context_policy="stop", messages=list(s.messages))
+        stop = ChatSession(
+            eng,
+            SamplingParams(temperature=0, max_tokens=24),
+            system=SYSTEM,
+            context_policy="stop",
+            messages=list(s.messages),
+        )
         before = list(stop.messages)
         with pytest.raises(ContextOverflowError):
             _text(stop.send("word " * 200))
@@ -144,7 +151,8 @@ def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
     try:
         hits = [ln for ln in eng.load_log if "buffer type overridden" in ln]
         assert sorted(ln.split()[1] for ln in hits) == sorted(
-            f"blk.{i}.ffn_{w}.weight" for i in range(2) for w in ("up", "down", "gate"))
+            f"blk.{i}.ffn_{w}.weight" for i in range(2) for w in ("up", "down", "gate")
+        )
         assert "Tokyo" in _text(eng.chat([Message("system", SYSTEM), Message("user", JAPAN)], GREEDY))
     finally:
         eng.close()
@@ -168,7 +176,8 @@ def test_repack_patterns_name_the_cpu_layers_llama_cpp_would_repack():
 
     expect = {t.name for t in spec.tensors if t.type_name == "Q4_K" and t.name.startswith("blk.")}
     assert expect and matched(repack_patterns(spec, 0, avx2)) == expect | (
-        {"output.weight"} if any(t.name == "output.weight" and t.type_name == "Q4_K" for t in spec.tensors) else set())
+        {"output.weight"} if any(t.name == "output.weight" and t.type_name == "Q4_K" for t in spec.tensors) else set()
+    )
     assert not any(t.type_name == "Q6_K" for t in spec.tensors if t.name in matched(repack_patterns(spec, 0, avx2)))
     on_cpu = matched(repack_patterns(spec, 12, avx2))  # layers 20..31 on the GPU
     assert on_cpu == {n for n in expect if int(n.split(".")[1]) < 20}
@@ -177,7 +186,7 @@ def test_repack_patterns_name_the_cpu_layers_llama_cpp_would_repack():
     assert len(repack_patterns(spec, 0, avx2)) <= 8  # one pattern per weight kind, not per tensor
 
 
-@pytest.mark.skipif(not __import__("platform").machine() in ("x86_64", "AMD64"), reason="x86 repack kernels")
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 repack kernels")
 def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
     """Where localrun keeps llama.cpp's extra buffer types off (a CPU that advertises AMX), it names the
     weights llama.cpp would repack for its AVX2 GEMM to the CPU_REPACK buffer type itself: llama.cpp
@@ -207,8 +216,11 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
                 mib = float(sizes[0].split("=")[1].split()[0])
                 q4k = sum(t.n_bytes for t in spec.tensors if t.type_name == "Q4_K" and t.name.startswith("blk."))
                 assert abs(mib * 2**20 - q4k) < 0.02 * q4k
-            texts[mode] = _text(eng.generate("The river flows through the old town, past the market",
-                                             SamplingParams(temperature=0, max_tokens=8)))
+            texts[mode] = _text(
+                eng.generate(
+                    "The river flows through the old town, past the market", SamplingParams(temperature=0, max_tokens=8)
+                )
+            )
         finally:
             eng.close()
     assert texts["plain"] == texts["repack"] and len(texts["plain"].split()) >= 3

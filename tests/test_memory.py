@@ -48,8 +48,20 @@ def test_kv_and_model_buffer_equal_llamacpp_report(which, smollm_path, gemma_pat
                 eng.close()
             got = [m.groups() for m in map(KV_LINE.search, log) if m]
             kv = kv_cache(spec, n_ctx, kv_type=kv_type, n_parallel=par, kv_unified=plan.kv_unified)
-            want = [(_mib(p.bytes), str(p.cells), str(p.n_layers), str(par), str(1 if plan.kv_unified else par), kv_type,
-                     _mib(p.k_bytes), kv_type, _mib(p.v_bytes)) for p in kv.parts]
+            want = [
+                (
+                    _mib(p.bytes),
+                    str(p.cells),
+                    str(p.n_layers),
+                    str(par),
+                    str(1 if plan.kv_unified else par),
+                    kv_type,
+                    _mib(p.k_bytes),
+                    kv_type,
+                    _mib(p.v_bytes),
+                )
+                for p in kv.parts
+            ]
             assert [tuple(g) for g in got] == want, (n_ctx, kv_type)
             assert plan.kv_cache_bytes == kv.bytes
             mb = [m.group(1) for m in map(MODEL_LINE.search, log) if m]
@@ -93,7 +105,9 @@ def test_compute_buffer_does_not_grow_with_sequences(smollm_path, gemma_path):
             p = plan_for_run(spec, None, n_ctx=8192, n_parallel=par)
             assert p.compute_bytes == one.compute_bytes and p.kv_cache_bytes == par * one.kv_cache_bytes
     spec = read_gguf(smollm_path)  # a unified cache: attention spans every cell, so it does grow
-    assert compute_buffer_bytes(spec, 4 * 8192, flash_attn=False) > 3 * compute_buffer_bytes(spec, 8192, flash_attn=False)
+    assert compute_buffer_bytes(spec, 4 * 8192, flash_attn=False) > 3 * compute_buffer_bytes(
+        spec, 8192, flash_attn=False
+    )
 
 
 def test_llamacpp_refuses_a_quantized_v_cache_without_flash_attention(smollm_path):
@@ -126,8 +140,7 @@ print(json.dumps({"rss": rss, "plan": plan.rss_bytes}))
 @pytest.mark.parametrize("which,n_ctx", [("smollm", 8192), ("gemma", 4096)])
 def test_process_rss_after_load_within_5_percent(which, n_ctx, smollm_path, gemma_path):
     path = smollm_path if which == "smollm" else gemma_path
-    r = subprocess.run([sys.executable, "-c", _RSS, str(path), str(n_ctx)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", _RSS, str(path), str(n_ctx)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert abs(d["rss"] / d["plan"] - 1) < 0.05, d
@@ -137,6 +150,7 @@ def test_process_rss_after_load_within_5_percent(which, n_ctx, smollm_path, gemm
 # synthetic GGUFs: header + tensor table only (GGUFWriter.add_tensor_info with the real shapes, no data
 # written), so a 70B model is a few hundred KB on disk. read_gguf never reads tensor data.
 # --------------------------------------------------------------------------------------------------
+
 
 def _write(path, arch, meta: dict, tensors: list[tuple[str, tuple[int, ...], str]], vocab: int = 32000):
     import gguf
@@ -162,32 +176,50 @@ def _write(path, arch, meta: dict, tensors: list[tuple[str, tuple[int, ...], str
 
 
 def _dense_tensors(n_layer, n_embd, n_ff, n_head, n_kv, hd, vocab, t="Q4_K"):
-    out = [("token_embd.weight", (n_embd, vocab), t), ("output_norm.weight", (n_embd,), "F32"),
-           ("output.weight", (n_embd, vocab), "Q6_K")]
+    out = [
+        ("token_embd.weight", (n_embd, vocab), t),
+        ("output_norm.weight", (n_embd,), "F32"),
+        ("output.weight", (n_embd, vocab), "Q6_K"),
+    ]
     for il in range(n_layer):
         p = f"blk.{il}."
-        out += [(p + "attn_norm.weight", (n_embd,), "F32"), (p + "attn_q.weight", (n_embd, n_head * hd), t),
-                (p + "attn_k.weight", (n_embd, n_kv * hd), t), (p + "attn_v.weight", (n_embd, n_kv * hd), "Q6_K"),
-                (p + "attn_output.weight", (n_head * hd, n_embd), t), (p + "ffn_norm.weight", (n_embd,), "F32"),
-                (p + "ffn_gate.weight", (n_embd, n_ff), t), (p + "ffn_up.weight", (n_embd, n_ff), t),
-                (p + "ffn_down.weight", (n_ff, n_embd), "Q6_K")]
+        out += [
+            (p + "attn_norm.weight", (n_embd,), "F32"),
+            (p + "attn_q.weight", (n_embd, n_head * hd), t),
+            (p + "attn_k.weight", (n_embd, n_kv * hd), t),
+            (p + "attn_v.weight", (n_embd, n_kv * hd), "Q6_K"),
+            (p + "attn_output.weight", (n_head * hd, n_embd), t),
+            (p + "ffn_norm.weight", (n_embd,), "F32"),
+            (p + "ffn_gate.weight", (n_embd, n_ff), t),
+            (p + "ffn_up.weight", (n_embd, n_ff), t),
+            (p + "ffn_down.weight", (n_ff, n_embd), "Q6_K"),
+        ]
     return out
 
 
 def test_synthetic_70b_dense(tmp_path):
     # Llama-3-70B shapes: 80 layers, n_embd 8192, n_ff 28672, 64 heads, 8 KV heads of 128
-    spec = _write(tmp_path / "70b.gguf", "llama",
-                  {"block_count": 80, "context_length": 131072, "embedding_length": 8192,
-                   "feed_forward_length": 28672, "attention.head_count": 64, "attention.head_count_kv": 8},
-                  _dense_tensors(80, 8192, 28672, 64, 8, 128, 128256), vocab=128256)
+    spec = _write(
+        tmp_path / "70b.gguf",
+        "llama",
+        {
+            "block_count": 80,
+            "context_length": 131072,
+            "embedding_length": 8192,
+            "feed_forward_length": 28672,
+            "attention.head_count": 64,
+            "attention.head_count_kv": 8,
+        },
+        _dense_tensors(80, 8192, 28672, 64, 8, 128, 128256),
+        vocab=128256,
+    )
     assert (tmp_path / "70b.gguf").stat().st_size < 2_000_000
     # by hand: K = V = n_ctx × 8 heads × 128 × 2 B per layer; 80 layers; 8192 cells
     assert kv_cache(spec, 8192).bytes == 2 * 8192 * 8 * 128 * 2 * 80  # 2.5 GiB
     assert kv_cache(spec, 8192, kv_type="q8_0").bytes == 2 * 8192 * (8 * 128 // 32 * 34) * 80
     q4k, q6k = 144 / 256, 210 / 256
     # q, o, k, gate, up in Q4_K; v, down in Q6_K; two F32 norms
-    layer = (2 * 8192 * 8192 + 8192 * 1024 + 2 * 8192 * 28672) * q4k + (8192 * 1024 + 28672 * 8192) * q6k \
-        + 2 * 8192 * 4
+    layer = (2 * 8192 * 8192 + 8192 * 1024 + 2 * 8192 * 28672) * q4k + (8192 * 1024 + 28672 * 8192) * q6k + 2 * 8192 * 4
     assert spec.layer_bytes[0] == int(layer)
     # 40 of 80 layers on the GPU: those layers, plus the output layer (n_gpu_layers counts it)
     ws = split_weights(spec, 41)
@@ -204,16 +236,31 @@ def test_synthetic_moe_experts_go_to_cpu_first(tmp_path):
     tensors = [("token_embd.weight", (n_embd, 32000), "Q4_K"), ("output.weight", (n_embd, 32000), "Q6_K")]
     for il in range(n_layer):
         p = f"blk.{il}."
-        tensors += [(p + "attn_q.weight", (n_embd, 4096), "Q4_K"), (p + "attn_k.weight", (n_embd, 1024), "Q4_K"),
-                    (p + "attn_v.weight", (n_embd, 1024), "Q6_K"), (p + "attn_output.weight", (4096, n_embd), "Q4_K"),
-                    (p + "ffn_gate_inp.weight", (n_embd, ne), "F32"),
-                    (p + "ffn_gate_exps.weight", (n_embd, ff, ne), "Q4_K"),
-                    (p + "ffn_up_exps.weight", (n_embd, ff, ne), "Q4_K"),
-                    (p + "ffn_down_exps.weight", (ff, n_embd, ne), "Q6_K")]
-    spec = _write(tmp_path / "moe.gguf", "llama",
-                  {"block_count": n_layer, "context_length": 32768, "embedding_length": n_embd,
-                   "feed_forward_length": ff, "attention.head_count": 32, "attention.head_count_kv": 8,
-                   "expert_count": ne, "expert_used_count": 2}, tensors)
+        tensors += [
+            (p + "attn_q.weight", (n_embd, 4096), "Q4_K"),
+            (p + "attn_k.weight", (n_embd, 1024), "Q4_K"),
+            (p + "attn_v.weight", (n_embd, 1024), "Q6_K"),
+            (p + "attn_output.weight", (4096, n_embd), "Q4_K"),
+            (p + "ffn_gate_inp.weight", (n_embd, ne), "F32"),
+            (p + "ffn_gate_exps.weight", (n_embd, ff, ne), "Q4_K"),
+            (p + "ffn_up_exps.weight", (n_embd, ff, ne), "Q4_K"),
+            (p + "ffn_down_exps.weight", (ff, n_embd, ne), "Q6_K"),
+        ]
+    spec = _write(
+        tmp_path / "moe.gguf",
+        "llama",
+        {
+            "block_count": n_layer,
+            "context_length": 32768,
+            "embedding_length": n_embd,
+            "feed_forward_length": ff,
+            "attention.head_count": 32,
+            "attention.head_count_kv": 8,
+            "expert_count": ne,
+            "expert_used_count": 2,
+        },
+        tensors,
+    )
     expert_layer = int(n_embd * ff * ne * (144 / 256) * 2 + ff * n_embd * ne * 210 / 256)
     ws = split_weights(spec, n_layer + 1, n_cpu_moe=10)
     assert ws.cpu_expert_bytes == 10 * expert_layer
@@ -227,12 +274,24 @@ def test_synthetic_moe_experts_go_to_cpu_first(tmp_path):
 def test_synthetic_mla_latent_kv(tmp_path):
     # DeepSeek-V3-like MLA: K-only latent cache of kv_lora_rank 512 + 64 rope dims, one "head"
     n_layer = 61
-    spec = _write(tmp_path / "mla.gguf", "deepseek2",
-                  {"block_count": n_layer, "context_length": 163840, "embedding_length": 7168,
-                   "feed_forward_length": 18432, "attention.head_count": 128, "attention.head_count_kv": 1,
-                   "attention.key_length": 576, "attention.value_length": 512, "attention.key_length_mla": 192,
-                   "attention.value_length_mla": 128, "attention.kv_lora_rank": 512},
-                  [("token_embd.weight", (7168, 1024), "Q8_0")])
+    spec = _write(
+        tmp_path / "mla.gguf",
+        "deepseek2",
+        {
+            "block_count": n_layer,
+            "context_length": 163840,
+            "embedding_length": 7168,
+            "feed_forward_length": 18432,
+            "attention.head_count": 128,
+            "attention.head_count_kv": 1,
+            "attention.key_length": 576,
+            "attention.value_length": 512,
+            "attention.key_length_mla": 192,
+            "attention.value_length_mla": 128,
+            "attention.kv_lora_rank": 512,
+        },
+        [("token_embd.weight", (7168, 1024), "Q8_0")],
+    )
     kv = kv_cache(spec, 4096)
     assert kv.bytes == 4096 * 576 * 2 * n_layer  # llama-kv-cache.cpp: has_v = !is_mla
     assert kv.parts[0].v_bytes == 0
@@ -241,11 +300,22 @@ def test_synthetic_mla_latent_kv(tmp_path):
 def test_synthetic_sliding_window(tmp_path):
     # Gemma-3-27B-like: 62 layers, pattern 6 (5 local, 1 global), window 1024, 16 KV heads of 128
     n_layer = 62
-    spec = _write(tmp_path / "swa.gguf", "gemma3",
-                  {"block_count": n_layer, "context_length": 131072, "embedding_length": 5376,
-                   "feed_forward_length": 21504, "attention.head_count": 32, "attention.head_count_kv": 16,
-                   "attention.key_length": 128, "attention.value_length": 128, "attention.sliding_window": 1024},
-                  [("token_embd.weight", (5376, 1024), "Q8_0")])
+    spec = _write(
+        tmp_path / "swa.gguf",
+        "gemma3",
+        {
+            "block_count": n_layer,
+            "context_length": 131072,
+            "embedding_length": 5376,
+            "feed_forward_length": 21504,
+            "attention.head_count": 32,
+            "attention.head_count_kv": 16,
+            "attention.key_length": 128,
+            "attention.value_length": 128,
+            "attention.sliding_window": 1024,
+        },
+        [("token_embd.weight", (5376, 1024), "Q8_0")],
+    )
     n_global = sum(1 for il in range(n_layer) if il % 6 == 5)  # 10
     per_cell = 16 * 128 * 2 * 2  # K + V, f16
     kv = kv_cache(spec, 32768)

@@ -228,6 +228,7 @@ def test_tokenizer_matches_llamacpp(mlx_smollm, smollm_engine):
 
 
 def test_logprobs(mlx_smollm):
-    chunks = list(mlx_smollm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=3, logprobs=2)))
+    p = SamplingParams(temperature=0, max_tokens=3, logprobs=2)
+    chunks = list(mlx_smollm.generate("The capital of France is", p))
     lp = chunks[0].logprobs[0]
     assert lp.logprob <= 0 and len(lp.top) == 2 and lp.top[0][1] >= lp.top[1][1]

@@ -281,15 +281,25 @@ def test_repeat_last_n_minus_one_is_the_whole_context(http):
 def test_ollama_chat_takes_an_openai_style_tool_history(http):
     history = [
         {"role": "user", "content": "What is the weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "12 degrees and rain"},
         {"role": "user", "content": [{"type": "text", "text": "So, do I need an umbrella?"}]},
     ]
     oa = http.post("/v1/chat/completions", json={"messages": history, "max_tokens": 4, "temperature": 0})
     assert oa.status_code == 200, oa.text
-    ol = http.post("/api/chat", json={"messages": history, "stream": False,
-                                      "options": {"num_predict": 4, "temperature": 0}})
+    ol = http.post(
+        "/api/chat", json={"messages": history, "stream": False, "options": {"num_predict": 4, "temperature": 0}}
+    )
     assert ol.status_code == 200, ol.text
     assert ol.json()["done"] is True
     # both routes rendered the same prompt: the Ollama request found all of it in the prefix cache
@@ -303,8 +313,10 @@ def test_max_tokens_past_the_context_runs_to_its_end(http):
     model from stopping first; a long prompt leaves a short way to the end."""
     prompt = "hello " * (N_CTX - 40)
     for extra in ({"max_tokens": 100_000}, {}):
-        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}],
-                                                    "ignore_eos": True, "temperature": 0, **extra})
+        r = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": prompt}], "ignore_eos": True, "temperature": 0, **extra},
+        )
         assert r.status_code == 200, r.text
         u = r.json()["usage"]
         assert r.json()["choices"][0]["finish_reason"] == "length"
@@ -316,6 +328,11 @@ def test_serve_help_says_how_long_a_generation_runs():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "localrun", "serve", "--help"], capture_output=True, text=True,
-                         env=dict(os.environ, COLUMNS="200"), timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "localrun", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COLUMNS="200"),
+        timeout=120,
+    ).stdout
     assert "without max_tokens" in out and 'finish_reason "length"' in out and "--max-body" in out

@@ -162,12 +162,17 @@ def test_api_key_required(server, http):
 
 
 def test_prefix_cache_hit_on_shared_system_prompt(client, http):
-    system = ("You are the archivist of the Zyxwv library. " + " ".join(f"Rule {i}: answer briefly." for i in range(40)))
+    rules = " ".join(f"Rule {i}: answer briefly." for i in range(40))
+    system = "You are the archivist of the Zyxwv library. " + rules
     hits_before = metric(http, "localrun_prefix_cache_hits_total")
     usage = []
     for q in ("What is a book?", "What is a shelf?"):
-        r = client.chat.completions.create(model="x", temperature=0, max_tokens=4, messages=[
-            {"role": "system", "content": system}, {"role": "user", "content": q}])
+        r = client.chat.completions.create(
+            model="x",
+            temperature=0,
+            max_tokens=4,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": q}],
+        )
         usage.append(r.usage)
     n_system = usage[0].prompt_tokens - 12  # the system prompt is most of the prompt
     assert usage[0].prompt_tokens_details.cached_tokens < 10
@@ -177,21 +182,41 @@ def test_prefix_cache_hit_on_shared_system_prompt(client, http):
 
 
 def test_sampling_features(client, http):
-    r = client.chat.completions.create(model="x", temperature=0, max_tokens=5, logprobs=True, top_logprobs=3,
-                                       messages=[{"role": "user", "content": "Hello"}])
+    r = client.chat.completions.create(
+        model="x",
+        temperature=0,
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+        messages=[{"role": "user", "content": "Hello"}],
+    )
     lp = r.choices[0].logprobs.content
     assert lp and all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in lp)
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
     r = client.chat.completions.create(
-        model="x", temperature=0, max_tokens=30, messages=[{"role": "user", "content": "Give an age as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        model="x",
+        temperature=0,
+        max_tokens=30,
+        messages=[{"role": "user", "content": "Give an age as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
     assert isinstance(json.loads(r.choices[0].message.content)["age"], int)
     text = chat(client, "Count from 1 to 10, separated by commas.", max_tokens=40)
     cut = chat(client, "Count from 1 to 10, separated by commas.", max_tokens=40, stop=["5"])
     assert "5" in text and "5" not in cut and text.startswith(cut)
-    seeded = [chat(client, "Tell me a word.", max_tokens=8, seed=42, top_p=0.9, frequency_penalty=0.5,
-                   presence_penalty=0.5, extra_body={"top_k": 20, "min_p": 0.01, "repeat_penalty": 1.1})
-              for _ in range(2)]
+    seeded = [
+        chat(
+            client,
+            "Tell me a word.",
+            max_tokens=8,
+            seed=42,
+            top_p=0.9,
+            frequency_penalty=0.5,
+            presence_penalty=0.5,
+            extra_body={"top_k": 20, "min_p": 0.01, "repeat_penalty": 1.1},
+        )
+        for _ in range(2)
+    ]
     assert seeded[0] == seeded[1]
     c = client.completions.create(model="x", prompt="The capital of France is", max_tokens=6, temperature=0)
     assert c.choices[0].text and c.usage.completion_tokens <= 6
@@ -204,8 +229,9 @@ def test_ignore_eos_generates_exactly_max_tokens(client):
     msgs = [{"role": "user", "content": "Reply with the single word: yes"}]
     short = client.chat.completions.create(model="x", temperature=0, max_tokens=48, messages=msgs)
     assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 48
-    full = client.chat.completions.create(model="x", temperature=0, max_tokens=48, messages=msgs,
-                                          extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(
+        model="x", temperature=0, max_tokens=48, messages=msgs, extra_body={"ignore_eos": True}
+    )
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 48
     assert full.choices[0].message.content.startswith(short.choices[0].message.content)
 
@@ -218,8 +244,12 @@ def test_ollama_endpoints(http):
     assert show["details"]["family"] == "llama" and "im_start" in show["template"]
     ps = http.get("/api/ps").json()["models"][0]
     assert ps["localrun"]["plan"]["n_parallel"] == N_PARALLEL and ps["localrun"]["memory"]["rss_bytes"] > 0
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}], "stream": False,
-            "options": {"temperature": 0, "num_predict": 8}}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "stream": False,
+        "options": {"temperature": 0, "num_predict": 8},
+    }
     r = http.post("/api/chat", json=body).json()
     assert r["done"] is True and r["message"]["role"] == "assistant" and r["message"]["content"]
     assert r["eval_count"] > 0 and r["total_duration"] > 0
@@ -228,8 +258,10 @@ def test_ollama_endpoints(http):
         lines = [json.loads(ln) for ln in s.iter_lines() if ln]
     assert lines[-1]["done"] is True and all(ln["done"] is False for ln in lines[:-1])
     assert "".join(ln["message"]["content"] for ln in lines) == r["message"]["content"]
-    g = http.post("/api/generate", json={"prompt": "Why is the sky blue?", "stream": False,
-                                         "options": {"temperature": 0, "num_predict": 6}}).json()
+    g = http.post(
+        "/api/generate",
+        json={"prompt": "Why is the sky blue?", "stream": False, "options": {"temperature": 0, "num_predict": 6}},
+    ).json()
     assert g["done"] and g["response"] and g["context"]
     bad = http.post("/api/chat", json={"messages": [{"role": "wizard", "content": "x"}]})
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
@@ -243,16 +275,16 @@ def test_bad_ollama_context_fails_alone(server, http):
         with c.stream("POST", "/v1/completions", json=body) as r:
             lines = r.iter_lines()
             first = next(ln for ln in lines if ln.startswith("data: "))
-            bad = http.post("/api/generate", json={"prompt": "hi", "raw": True, "context": [99999999],
-                                                   "stream": False})
+            bad = http.post("/api/generate", json={"prompt": "hi", "raw": True, "context": [99999999], "stream": False})
             rest = [ln for ln in lines if ln.startswith("data: ")]
     assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]
     assert "error" not in first and rest[-1] == "data: [DONE]" and not any('"error"' in ln for ln in rest)
     for images in ({"images": ["iVBORw0KGgo="]},):
         r = http.post("/api/generate", json={"prompt": "Describe the picture.", "stream": False, **images})
         assert r.status_code == 400 and "image" in r.json()["error"]
-        r = http.post("/api/chat", json={"messages": [{"role": "user", "content": "Describe.", **images}],
-                                         "stream": False})
+        r = http.post(
+            "/api/chat", json={"messages": [{"role": "user", "content": "Describe.", **images}], "stream": False}
+        )
         assert r.status_code == 400 and "image" in r.json()["error"]
 
 
@@ -293,9 +325,10 @@ def test_ollama_generate_context_continues_the_conversation(http):
     opts = {"temperature": 0, "num_predict": 8}
     first = http.post("/api/generate", json={"prompt": "My name is Ada.", "stream": False, "options": opts}).json()
     ctx = first["context"]
-    second = http.post("/api/generate", json={"prompt": "What is my name?", "context": ctx, "stream": False,
-                                              "options": opts}).json()
-    assert second["context"][:len(ctx)] == ctx and second["context"][len(ctx)] == 1
+    second = http.post(
+        "/api/generate", json={"prompt": "What is my name?", "context": ctx, "stream": False, "options": opts}
+    ).json()
+    assert second["context"][: len(ctx)] == ctx and second["context"][len(ctx)] == 1
     assert second["prompt_eval_count"] < len(second["context"]) - len(ctx)  # the context came from the cache
 
 
@@ -309,10 +342,17 @@ def test_ollama_stream_ends_with_an_empty_final_line(http):
 
 def test_metrics_exposes_the_counters(http):
     text = http.get("/metrics").text
-    for name in ("localrun_requests_total", "localrun_prompt_tokens_total", "localrun_generated_tokens_total",
-                 "localrun_time_to_first_token_seconds_bucket", "localrun_inter_token_latency_seconds_bucket",
-                 "localrun_queue_depth", "localrun_active_sequences", "localrun_kv_cells_used",
-                 "localrun_prefix_cache_hit_rate"):
+    for name in (
+        "localrun_requests_total",
+        "localrun_prompt_tokens_total",
+        "localrun_generated_tokens_total",
+        "localrun_time_to_first_token_seconds_bucket",
+        "localrun_inter_token_latency_seconds_bucket",
+        "localrun_queue_depth",
+        "localrun_active_sequences",
+        "localrun_kv_cells_used",
+        "localrun_prefix_cache_hit_rate",
+    ):
         assert name in text, name
     assert metric(http, "localrun_kv_cells_used") > 0
 
@@ -332,7 +372,14 @@ def test_loop_guards_are_opt_in_over_http(http):
     assert metric(http, "localrun_generations_total", '{finish_reason="loop"}') == loops_before + 1
     dry = http.post("/v1/completions", json={**body, "dry_multiplier": 0.8}).json()
     assert dry["choices"][0]["text"] != plain["choices"][0]["text"]  # the repetition was penalised
-    r = http.post("/api/generate", json={"prompt": prompt, "raw": True, "stream": False,
-                                         "options": {"num_predict": 120, "temperature": 0, "stop_loops": True}})
+    r = http.post(
+        "/api/generate",
+        json={
+            "prompt": prompt,
+            "raw": True,
+            "stream": False,
+            "options": {"num_predict": 120, "temperature": 0, "stop_loops": True},
+        },
+    )
     assert r.status_code == 200 and r.json()["done_reason"] == "stop" and r.json()["eval_count"] < 120
     assert http.post("/v1/completions", json={**body, "dry_base": 0.5}).status_code == 400  # base < 1

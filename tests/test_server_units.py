@@ -59,7 +59,9 @@ def test_tool_call_parsing():
     from localrun.model.chat_template import template_supports_tools
     from localrun.server.convert import parse_tool_calls
 
-    text, calls = parse_tool_calls('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    text, calls = parse_tool_calls(
+        'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
     assert text == "Sure." and calls[0]["function"]["name"] == "get_weather"
     assert calls[0]["function"]["arguments"] == '{"city": "Oslo"}'
     _, calls = parse_tool_calls('{"name": "f", "parameters": {"x": 1}}')
@@ -75,10 +77,17 @@ def test_request_conversion():
     from localrun.server.errors import RequestError
     from localrun.server.schemas import ChatCompletionRequest, OllamaOptions
 
-    req = ChatCompletionRequest.model_validate({
-        "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                     {"role": "user", "content": "hi"}],
-        "stop": "END", "temperature": 0, "logit_bias": {"42": 5}})
+    req = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "user", "content": "hi"},
+            ],
+            "stop": "END",
+            "temperature": 0,
+            "logit_bias": {"42": 5},
+        }
+    )
     msgs = messages_from_openai(req.messages)
     assert msgs[0].role == "system" and msgs[0].content == "ab"
     p = sampling_from_openai(req, max_tokens=7, logprobs=None)
@@ -86,8 +95,11 @@ def test_request_conversion():
     with pytest.raises(RequestError):
         messages_from_openai([])
     with pytest.raises(RequestError):
-        sampling_from_openai(ChatCompletionRequest.model_validate({"messages": [], "logit_bias": {"x": 1}}),
-                             max_tokens=None, logprobs=None)
+        sampling_from_openai(
+            ChatCompletionRequest.model_validate({"messages": [], "logit_bias": {"x": 1}}),
+            max_tokens=None,
+            logprobs=None,
+        )
     p = sampling_from_ollama(OllamaOptions(num_predict=-1, temperature=0.2, stop=["\n"]), "json")
     assert p.max_tokens is None and p.temperature == 0.2 and p.stop == ["\n"] and "root" in p.grammar
 
@@ -141,8 +153,12 @@ def test_parse_json_body_names_the_field():
     from localrun.server.runtime import parse_json_body
 
     assert parse_json_body(rb'{"a": [1, 2.5, "x\\ud800"]}') == {"a": [1, 2.5, "x\\ud800"]}  # an escaped backslash
-    cases = {b'{"a": {"b": [1, NaN]}}': "a.b.1", b'{"t": 1e999}': "t", b'{"m": [{"c": "\\ud800"}]}': "m.0.c",
-             b'{"x": -Infinity}': "x"}
+    cases = {
+        b'{"a": {"b": [1, NaN]}}': "a.b.1",
+        b'{"t": 1e999}': "t",
+        b'{"m": [{"c": "\\ud800"}]}': "m.0.c",
+        b'{"x": -Infinity}': "x",
+    }
     for body, field in cases.items():
         with pytest.raises(RequestError) as ei:
             parse_json_body(body)
@@ -162,9 +178,26 @@ def test_localrun_serve_command(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, LOCALRUN_HOME=str(tmp_path), LOCALRUN_API_KEY="k1")
-    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", "--port", str(port), "--threads", "1",
-                             "--ctx", "512", "--parallel", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "localrun",
+            "serve",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--ctx",
+            "512",
+            "--parallel",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -176,8 +209,9 @@ def test_localrun_serve_command(tmp_path):
             except httpx.HTTPError:
                 time.sleep(0.5)
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k1", timeout=120, max_retries=0)
-        r = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                                      temperature=0)
+        r = c.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+        )
         assert r.choices[0].message.content
         ps = httpx.get(f"http://127.0.0.1:{port}/api/ps", headers={"Authorization": "Bearer k1"}).json()
         plan = ps["models"][0]["localrun"]["plan"]

@@ -44,7 +44,9 @@ def other_tools(tmp_path, monkeypatch, smollm_path):
     yield {"hf": snap / "SmolLM2-135M-Instruct-Q4_1.gguf", "ollama": ol / "blobs" / ("sha256-" + "b" * 64),
            "lmstudio": lm / "SmolLM2-135M-Instruct-Q8_0.gguf"}
     # read-only: nothing in the other tools' folders changed
-    after = {str(p): p.lstat().st_mtime_ns for p in tmp_path.rglob("*") if not str(p).startswith(str(home / ".localrun"))}
+    after = {
+        str(p): p.lstat().st_mtime_ns for p in tmp_path.rglob("*") if not str(p).startswith(str(home / ".localrun"))
+    }
     assert {k: v for k, v in after.items() if k in before} == before
 
 
@@ -54,8 +56,11 @@ def test_discovers_other_tools(other_tools, smollm_path):
     found = {m.source: m for m in list_local_models()}
     assert set(found) == {"huggingface", "ollama", "lmstudio"}
     hf, ol, lm = found["huggingface"], found["ollama"], found["lmstudio"]
-    assert (hf.name, hf.quant, hf.size_bytes) == ("bartowski/SmolLM2-135M-Instruct-GGUF", "Q4_1",
-                                                  smollm_path.stat().st_size)
+    assert (hf.name, hf.quant, hf.size_bytes) == (
+        "bartowski/SmolLM2-135M-Instruct-GGUF",
+        "Q4_1",
+        smollm_path.stat().st_size,
+    )
     assert (ol.name, ol.quant, ol.ref) == ("smollm2:135m", "Q4_1", "smollm2:135m")
     assert (lm.name, lm.quant) == ("lmstudio-community/SmolLM2-135M-Instruct-GGUF", "Q8_0")
     assert all(m.read_only for m in found.values())
@@ -158,10 +163,19 @@ def test_ps_reads_a_running_server(monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    body = {"models": [{"name": "qwen3-8b:Q4_K_M", "model": "qwen3-8b:Q4_K_M", "size": 5 << 30,
-                        "size_vram": 5 << 30, "details": {"quantization_level": "Q4_K_M"},
-                        "context_length": 8192, "plan": {"backend": "llamacpp", "n_gpu_layers": 36,
-                                                         "kv_type": "f16", "n_ctx": 8192}}]}
+    body = {
+        "models": [
+            {
+                "name": "qwen3-8b:Q4_K_M",
+                "model": "qwen3-8b:Q4_K_M",
+                "size": 5 << 30,
+                "size_vram": 5 << 30,
+                "details": {"quantization_level": "Q4_K_M"},
+                "context_length": 8192,
+                "plan": {"backend": "llamacpp", "n_gpu_layers": 36, "kv_type": "f16", "n_ctx": 8192},
+            }
+        ]
+    }
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -196,9 +210,12 @@ def test_did_you_mean_for_near_miss_names(isolated_home, smollm_path):
     from localrun.store.resolve import resolve_model
 
     _fake_pull(isolated_home / "models", smollm_path, "my-gemma-finetune", "my-gemma-Q4_K_M.gguf", "Q4_K_M")
-    for typo, expect in (("qwen3-8", "did you mean qwen3-8b"), ("lama3.2", "did you mean llama-3.2-1b-instruct"),
-                         ("my-gema-finetune", "did you mean my-gemma-finetune"),  # a local model, not in the catalog
-                         ("smolm2-135m-instruct", "did you mean smollm2-135m-instruct")):
+    for typo, expect in (
+        ("qwen3-8", "did you mean qwen3-8b"),
+        ("lama3.2", "did you mean llama-3.2-1b-instruct"),
+        ("my-gema-finetune", "did you mean my-gemma-finetune"),  # a local model, not in the catalog
+        ("smolm2-135m-instruct", "did you mean smollm2-135m-instruct"),
+    ):
         with pytest.raises(ModelNotFoundError) as e:
             resolve_model(typo)
         assert e.value.hint.startswith(expect), (typo, e.value.hint)

@@ -339,16 +339,17 @@ class LlamaCppEngine:
         or a prefill batch (the next chunk, up to ``n_batch`` tokens, of ONE sequence's prompt, taking
         the prefilling sequences in turn; on the CPU at most ``prefill_chunk_decoding`` tokens while
         others decode); while both kinds are waiting they alternate, so a long prompt is prefilled in
-        chunks and running streams keep flowing. Not mixing them matters with one KV stream per sequence: llama.cpp then splits a
-        batch into equal per-sequence parts over consecutive sequence ids (llama-batch.cpp split_equal),
-        which would cut a prompt mixed with decode tokens into one-token pieces. It also keeps a prompt's
-        arithmetic the same whether or not other requests are running.
+        chunks and running streams keep flowing. Not mixing them matters with one KV stream per sequence:
+        llama.cpp then splits a batch into equal per-sequence parts over consecutive sequence ids
+        (llama-batch.cpp split_equal), which would cut a prompt mixed with decode tokens into one-token
+        pieces. It also keeps a prompt's arithmetic the same whether or not other requests are running.
         """
-        C, batch = self.C, self._batch
+        batch = self._batch
         n = 0
         outputs: list[tuple[Generation, int]] = []
-        decoding = sorted((g for g in gens if not g.done and not g.prefilling and g.pending is not None),
-                          key=lambda g: g.slot.seq_id)
+        decoding = sorted(
+            (g for g in gens if not g.done and not g.prefilling and g.pending is not None), key=lambda g: g.slot.seq_id
+        )
         waiting = [g for g in gens if not g.done and g.prefilling]
         prefill: list[tuple[Generation, int]] = []
         if waiting and (not decoding or self._prefill_turn):
@@ -388,12 +389,14 @@ class LlamaCppEngine:
         mark = LlamaLog.mark()
         rc = self._decode(batch, abortable=bool(prefill))
         if rc not in (0, 2):
-            raise BackendError(f"llama_decode failed (code {rc}): " + last_errors(LlamaLog.since(mark)),
-                               hint="the KV cache is full or memory ran out; lower --parallel or --ctx")
+            raise BackendError(
+                f"llama_decode failed (code {rc}): " + last_errors(LlamaLog.since(mark)),
+                hint="the KV cache is full or memory ran out; lower --parallel or --ctx",
+            )
         # bookkeeping first: the KV now holds these tokens (after an abort, those llama.cpp kept)
         for g, take in prefill:
             kept = take if rc == 0 else self.C.llama_memory_seq_pos_max(self.mem, g.slot.seq_id) + 1 - g.n_prompt_done
-            g.slot.tokens.extend(g.prompt[g.n_prompt_done:g.n_prompt_done + max(0, min(kept, take))])
+            g.slot.tokens.extend(g.prompt[g.n_prompt_done : g.n_prompt_done + max(0, min(kept, take))])
             g.n_prompt_done = len(g.slot.tokens)
         for g in decoding:
             g.slot.tokens.append(g.pending)
@@ -417,8 +420,10 @@ class LlamaCppEngine:
         import signal
         import threading
 
-        own_sigint = (threading.current_thread() is threading.main_thread()
-                      and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        own_sigint = (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )
         if own_sigint:  # Python runs the handler inside the callback, which then returns True
             signal.signal(signal.SIGINT, self._abort.on_sigint)
         C.llama_set_abort_callback(self.ctx, self._abort_cb, None)
@@ -471,13 +476,19 @@ class LlamaCppEngine:
 
     def _token_logprob(self, tok: int, piece: bytes, lp) -> TokenLogprob:
         logp, top = lp
-        return TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=float(logp[tok]),
-                            bytes=list(piece), top=[(self.detokenize([t]), v) for t, v in top],
-                            token_id=tok, top_ids=[t for t, _ in top])
+        return TokenLogprob(
+            token=piece.decode("utf-8", errors="replace"),
+            logprob=float(logp[tok]),
+            bytes=list(piece),
+            top=[(self.detokenize([t]), v) for t, v in top],
+            token_id=tok,
+            top_ids=[t for t, _ in top],
+        )
 
     # ------------------------------------------------------------------ single-stream API
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
-                 parse_special: bool = True) -> Iterator[Chunk]:
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams, *, parse_special: bool = True
+    ) -> Iterator[Chunk]:
         """Stream a completion of ``prompt`` on slot 0 (reusing its cached prefix).
 
         A raw text prompt is the caller's own format: control-token text in it (``<|im_end|>``) becomes
@@ -491,8 +502,9 @@ class LlamaCppEngine:
             tokens = list(prompt)
         return self._run(tokens, params)
 
-    def chat(self, messages: Sequence[Message], params: SamplingParams,
-             tools: list[dict] | None = None) -> Iterator[Chunk]:
+    def chat(
+        self, messages: Sequence[Message], params: SamplingParams, tools: list[dict] | None = None
+    ) -> Iterator[Chunk]:
         """Render with the chat template (message text stays text: ``tokenize_chat``), then generate."""
         _, tokens = self.tokenize_chat(messages, tools=tools)
         return self._run(tokens, params)
@@ -533,5 +545,3 @@ class LlamaCppEngine:
             self.close()
         except Exception:
             pass
-
-

@@ -215,7 +215,8 @@ def repack_patterns(spec, n_gpu_layers: int, has: dict[str, bool] | None = None)
             by_kind.setdefault(m.group(2), []).append(int(m.group(1)))
         elif t.name == "output.weight" and ngl <= n_layer:
             output = True
-    pats = [f"^blk\\.({'|'.join(str(i) for i in sorted(ids))})\\.{kind}\\.weight$" for kind, ids in sorted(by_kind.items())]
+    pats = [f"^blk\\.({'|'.join(str(i) for i in sorted(ids))})\\.{kind}\\.weight$"
+            for kind, ids in sorted(by_kind.items())]
     return pats + (["^output\\.weight$"] if output else [])
 
 

@@ -7,7 +7,6 @@ from typing import Sequence
 from localrun.backends.base import SamplingParams
 from localrun.errors import LocalrunError
 
-
 DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp common/common.h dry_sequence_breakers
 
 
@@ -52,7 +51,12 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
         _prime(C, pen, history, window)
         add(pen)
     if p.dry_multiplier > 0:
-        key = (float(p.dry_multiplier), float(p.dry_base), int(p.dry_allowed_length), last_n(p.dry_penalty_last_n, n_ctx))
+        key = (
+            float(p.dry_multiplier),
+            float(p.dry_base),
+            int(p.dry_allowed_length),
+            last_n(p.dry_penalty_last_n, n_ctx),
+        )
         cache = dry_cache if dry_cache is not None else {}
         if key not in cache:
             cache[key] = dry_sampler(C, vocab, *key)
@@ -87,8 +91,9 @@ def dry_sampler(C, vocab, multiplier: float, base: float, allowed_length: int, l
     import ctypes
 
     arr = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
-    return C.llama_sampler_init_dry(vocab, multiplier, base, allowed_length, last_n_tokens, arr,
-                                    len(DRY_SEQUENCE_BREAKERS))
+    return C.llama_sampler_init_dry(
+        vocab, multiplier, base, allowed_length, last_n_tokens, arr, len(DRY_SEQUENCE_BREAKERS)
+    )
 
 
 def _prime(C, sampler, history: Sequence[int], window: int) -> None:

@@ -193,7 +193,8 @@ class Monitor:
                                                       f"{self.cpu_util:.0%} × {self.wall_s:.1f} s")
 
     def result(self) -> dict:
-        gpu_j = (self._gpu_mj1 - self._gpu_mj0) / 1e3 if self._gpu_mj0 is not None and self._gpu_mj1 is not None else None
+        have_gpu = self._gpu_mj0 is not None and self._gpu_mj1 is not None
+        gpu_j = (self._gpu_mj1 - self._gpu_mj0) / 1e3 if have_gpu else None
         rapl_j = self._rapl_j()
         if rapl_j is not None:
             cpu_j, cpu_src, note = rapl_j, "rapl", "RAPL package counters"
@@ -205,19 +206,29 @@ class Monitor:
             energy, note = gpu_j + cpu_j, f"NVML energy of {', '.join(self._gpu_names)}; CPU: {note}"
         else:
             src, energy = cpu_src, cpu_j
-        return {"peak_rss_bytes": self.peak_rss or None, "peak_vram_bytes": self.peak_vram,
-                "energy_j": energy, "energy_source": src, "energy_note": note,
-                "cpu_utilization": self.cpu_util}
+        return {
+            "peak_rss_bytes": self.peak_rss or None,
+            "peak_vram_bytes": self.peak_vram,
+            "energy_j": energy,
+            "energy_source": src,
+            "energy_note": note,
+            "cpu_utilization": self.cpu_util,
+        }
 
 
-def energy_summary(energy_j: float | None, output_tokens: int, price_kwh: float | None, source: str,
-                   note: str) -> dict:
+def energy_summary(energy_j: float | None, output_tokens: int, price_kwh: float | None, source: str, note: str) -> dict:
     """Energy and cost per 1M output tokens. kWh = J / 3.6e6."""
     per_tok = energy_j / output_tokens if energy_j is not None and output_tokens else None
     kwh_per_m = per_tok * 1e6 / 3.6e6 if per_tok is not None else None
-    return {"joules": energy_j, "source": source, "note": note, "j_per_output_token": per_tok,
-            "kwh_per_1m_output_tokens": kwh_per_m, "price_kwh": price_kwh,
-            "cost_per_1m_output_tokens": kwh_per_m * price_kwh if kwh_per_m is not None and price_kwh is not None else None}
+    return {
+        "joules": energy_j,
+        "source": source,
+        "note": note,
+        "j_per_output_token": per_tok,
+        "kwh_per_1m_output_tokens": kwh_per_m,
+        "price_kwh": price_kwh,
+        "cost_per_1m_output_tokens": kwh_per_m * price_kwh if kwh_per_m is not None and price_kwh is not None else None,
+    }
 
 
 def server_pid(url: str) -> int | None:

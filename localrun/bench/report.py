@@ -111,8 +111,10 @@ def results_table(report: dict):
         parts.append(p)
     cal = report.get("calibration")
     if cal:
-        notes.append(f"calibrated {cal['key']}: decode bandwidth {_num(cal['decode_bandwidth_gbps'], '{:.2f}')} GB/s, "
-                     f"prefill compute {_num(cal['prefill_gflops'], '{:.1f}')} GFLOP/s (stored; `localrun fit` uses them)")
+        notes.append(
+            f"calibrated {cal['key']}: decode bandwidth {_num(cal['decode_bandwidth_gbps'], '{:.2f}')} GB/s, "
+            f"prefill compute {_num(cal['prefill_gflops'], '{:.1f}')} GFLOP/s (stored; `localrun fit` uses them)"
+        )
     parts.extend(notes)
     return Group(*parts)
 
@@ -139,17 +141,30 @@ def plot(report: dict, path: str) -> str:
     levels = report["levels"]
     conc = [lv["concurrency"] for lv in levels]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    fig.suptitle(f"localrun bench — {report['target'].get('model')} ({report['mode']}), prompt "
-                 f"{report['workload']['prompt_tokens']} tok, output {report['workload']['max_tokens']} tok",
-                 fontsize=12)
+    fig.suptitle(
+        f"localrun bench — {report['target'].get('model')} ({report['mode']}), prompt "
+        f"{report['workload']['prompt_tokens']} tok, output {report['workload']['max_tokens']} tok",
+        fontsize=12,
+    )
     ax = axes[0][0]
     ax.plot(conc, [lv["output_tok_s"] for lv in levels], "o-", label="output tokens/s")
     slo = report["slo"]
     no_slo = slo["ttft_s"] is None and slo["tpot_s"] is None
-    ax.plot(conc, [lv["goodput"]["output_tok_s"] for lv in levels], "s--",
-            label="goodput, tokens/s" + (" (no SLO given: = throughput)" if no_slo else " within SLO ("
-                                         + ", ".join(f"{k} ≤ {_ms(v)} ms" for k, v in (("TTFT", slo["ttft_s"]),
-                                                     ("TPOT", slo["tpot_s"])) if v is not None) + ")"))
+    ax.plot(
+        conc,
+        [lv["goodput"]["output_tok_s"] for lv in levels],
+        "s--",
+        label="goodput, tokens/s"
+        + (
+            " (no SLO given: = throughput)"
+            if no_slo
+            else " within SLO ("
+            + ", ".join(
+                f"{k} ≤ {_ms(v)} ms" for k, v in (("TTFT", slo["ttft_s"]), ("TPOT", slo["tpot_s"])) if v is not None
+            )
+            + ")"
+        ),
+    )
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("tokens / second")
     ax.set_title("Throughput vs concurrency")
@@ -174,7 +189,10 @@ def plot(report: dict, path: str) -> str:
     _level_axis(ax, conc)
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3, which="both")
-    for ax, key, title in ((axes[1][0], "ttft_s", "TTFT distribution"), (axes[1][1], "itl_s", "Inter-token latency distribution")):
+    for ax, key, title in (
+        (axes[1][0], "ttft_s", "TTFT distribution"),
+        (axes[1][1], "itl_s", "Inter-token latency distribution"),
+    ):
         data = [[v * 1000 for v in lv["samples"][key] if v is not None] or [0.0] for lv in levels]
         ax.boxplot(data, whis=(1, 99), showfliers=True)
         ax.set_xticks(range(1, len(levels) + 1), [str(c) for c in conc])

@@ -60,7 +60,9 @@ class Workload:
         if self.max_tokens < 1:
             raise ConfigError(f"--max-tokens must be ≥ 1, got {self.max_tokens}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
-            raise ConfigError(f"--concurrency needs levels ≥ 1, got {self.concurrency}", hint="e.g. --concurrency 1,4,8")
+            raise ConfigError(
+                f"--concurrency needs levels ≥ 1, got {self.concurrency}", hint="e.g. --concurrency 1,4,8"
+            )
         if not 0.0 <= self.shared_prefix <= 1.0:
             raise ConfigError(f"--shared-prefix is a fraction 0..1, got {self.shared_prefix}")
         if self.requests is not None and self.requests < 1:
@@ -106,8 +108,9 @@ def parse_concurrency(text: str) -> list[int]:
     try:
         levels = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise ConfigError(f"--concurrency takes numbers separated by commas, got {text!r}",
-                          hint="e.g. --concurrency 1,4,8,16") from None
+        raise ConfigError(
+            f"--concurrency takes numbers separated by commas, got {text!r}", hint="e.g. --concurrency 1,4,8,16"
+        ) from None
     if not levels or any(c < 1 for c in levels):
         raise ConfigError(f"--concurrency needs levels ≥ 1, got {text!r}")
     return levels
@@ -163,8 +166,9 @@ def iter_requests(w: Workload, concurrency: int, level_index: int = 0, tokenizer
         i += 1
 
 
-def build_requests(w: Workload, concurrency: int, level_index: int = 0, tokenizer=None,
-                   n: int | None = None) -> list[Request]:
+def build_requests(
+    w: Workload, concurrency: int, level_index: int = 0, tokenizer=None, n: int | None = None
+) -> list[Request]:
     """The first ``n`` (default ``w.requests_for(concurrency)``) requests of ``iter_requests``."""
     from itertools import islice
 
@@ -179,4 +183,3 @@ def poisson_arrivals(n: int, rate_rps: float, rng: random.Random) -> list[float]
         out.append(t)
         t += rng.expovariate(rate_rps)
     return out
-

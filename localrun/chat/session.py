@@ -97,8 +97,10 @@ class ChatSession:
             raise ContextOverflowError(n, self.engine.n_ctx,
                                        hint="this message alone is longer than the context; raise --ctx or shorten it")
         if dropped:
-            self.notices.append(f"context full: dropped the {dropped} oldest message(s) to fit {self.engine.n_ctx} tokens "
-                                f"(policy {self.context_policy}; the system prompt is kept)")
+            self.notices.append(
+                f"context full: dropped the {dropped} oldest message(s) to fit {self.engine.n_ctx} tokens "
+                f"(policy {self.context_policy}; the system prompt is kept)"
+            )
         return msgs
 
     def send(self, text: str) -> Iterator[Chunk]:
@@ -141,8 +143,10 @@ class ChatSession:
         if chunk.finish_reason == "length" and st and st.n_ctx_used + 1 >= st.n_ctx:
             self.notices.append("the answer stopped because the context window is full")
         elif chunk.finish_reason == "loop":
-            self.notices.append("stopped: the answer was repeating itself in a loop (--no-stop-loops lets it run; "
-                                "a higher --temp or --dry-multiplier helps a small model out of loops)")
+            self.notices.append(
+                "stopped: the answer was repeating itself in a loop (--no-stop-loops lets it run; "
+                "a higher --temp or --dry-multiplier helps a small model out of loops)"
+            )
 
     # ------------------------------------------------------------------ commands
     def clear(self) -> None:
@@ -153,10 +157,16 @@ class ChatSession:
         """Write the conversation as JSON, atomically (a temp file renamed into place)."""
         p = Path(path).expanduser()
         if not p.parent.is_dir():
-            raise ConfigError(f"cannot save to {p}: the folder {p.parent} does not exist",
-                              hint="create it first, or give another path")
-        data = {"format": "localrun-chat/1", "model": self.engine.model_path,
-                "system": self.system, "messages": [m.to_dict() for m in self.messages]}
+            raise ConfigError(
+                f"cannot save to {p}: the folder {p.parent} does not exist",
+                hint="create it first, or give another path",
+            )
+        data = {
+            "format": "localrun-chat/1",
+            "model": self.engine.model_path,
+            "system": self.system,
+            "messages": [m.to_dict() for m in self.messages],
+        }
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, ensure_ascii=False)
@@ -180,8 +190,11 @@ class ChatSession:
             raise ConfigError(f"{p} has no 'messages' list")
         msgs, system = [], data.get("system", self.system) if isinstance(data, dict) else self.system
         for m in raw:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                    or not isinstance(m.get("content"), str):
+            if (
+                not isinstance(m, dict)
+                or m.get("role") not in ("system", "user", "assistant")
+                or not isinstance(m.get("content"), str)
+            ):
                 raise ConfigError(f"{p}: each message needs a role (system/user/assistant) and text content")
             if m["role"] == "system":
                 system = m["content"]

@@ -10,7 +10,8 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect(
-        model: Optional[str] = typer.Argument(None, help="A .gguf path or a model name (default: the embedded SmolLM2)."),
+        model: Optional[str] = typer.Argument(None,
+            help="A .gguf path or a model name (default: the embedded SmolLM2)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Architecture, parameters, layers, heads, context, tensor types and chat template of a GGUF.
@@ -46,20 +47,39 @@ def register(app: typer.Typer) -> None:
             ("parameters", f"{spec.n_params / 1e9:.3f} B" if spec.n_params >= 1e9 else f"{spec.n_params / 1e6:.1f} M"),
             ("layers", str(spec.n_layer)),
             ("embedding / FFN", f"{spec.n_embd} / {spec.n_ff}"),
-            ("attention heads / KV heads", f"{spec.n_head} / {spec.n_head_kv}" + (" (GQA)" if spec.n_head_kv < spec.n_head else "")),
+            (
+                "attention heads / KV heads",
+                f"{spec.n_head} / {spec.n_head_kv}" + (" (GQA)" if spec.n_head_kv < spec.n_head else ""),
+            ),
             ("head dim (K / V)", f"{spec.head_dim_k} / {spec.head_dim_v}"),
-            ("sliding window", f"{spec.sliding_window} tokens on {sum(spec.swa_layers)} of {spec.n_layer} layers" if spec.sliding_window else "none"),
+            (
+                "sliding window",
+                f"{spec.sliding_window} tokens on {sum(spec.swa_layers)} of {spec.n_layer} layers"
+                if spec.sliding_window
+                else "none",
+            ),
             ("experts (used / total)", f"{spec.n_expert_used} / {spec.n_expert}" if spec.n_expert else "dense"),
             ("MLA latent rank", str(spec.kv_lora_rank) if spec.kv_lora_rank else "none"),
             ("training context", f"{spec.n_ctx_train:,} tokens"),
             ("vocabulary", f"{spec.vocab_size:,} tokens"),
-            ("chat template", "yes" if spec.chat_template else "[yellow]none (base model: use --raw or --chat-template)[/]"),
-            ("BOS / EOS", f"{info['bos_token']['text']!r} ({spec.bos_token_id}) / {info['eos_token']['text']!r} ({spec.eos_token_id})"),
+            (
+                "chat template",
+                "yes" if spec.chat_template else "[yellow]none (base model: use --raw or --chat-template)[/]",
+            ),
+            (
+                "BOS / EOS",
+                f"{info['bos_token']['text']!r} ({spec.bos_token_id}) / "
+                f"{info['eos_token']['text']!r} ({spec.eos_token_id})",
+            ),
             ("file size", fmt_bytes(spec.file_bytes)),
-            ("weights", "complete" if not spec.truncated else
-             f"[bold red]INCOMPLETE[/]: file has {fmt_bytes(spec.file_bytes)}, header describes "
-             f"{fmt_bytes(spec.expected_file_bytes)} (the tensor data is truncated; it cannot be loaded, "
-             "but fit/inspect work)"),
+            (
+                "weights",
+                "complete"
+                if not spec.truncated
+                else f"[bold red]INCOMPLETE[/]: file has {fmt_bytes(spec.file_bytes)}, header describes "
+                f"{fmt_bytes(spec.expected_file_bytes)} (the tensor data is truncated; it cannot be loaded, "
+                "but fit/inspect work)",
+            ),
         ]
         for k, v in rows:
             t.add_row(k, v)

@@ -188,8 +188,10 @@ def show(
 def ps(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     host: Optional[str] = typer.Option(None, "--host", help="Server host (default 127.0.0.1; LOCALRUN_HOST)."),
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Server port (default 11500; LOCALRUN_PORT)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="The key the server was started with (LOCALRUN_API_KEY)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+        help="Server port (default 11500; LOCALRUN_PORT)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key",
+        help="The key the server was started with (LOCALRUN_API_KEY)."),
 ) -> None:
     """What a running `localrun serve` has loaded: model, quantization, memory, plan (GET /api/ps)."""
     from localrun.render import print_json, stdout

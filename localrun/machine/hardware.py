@@ -236,7 +236,8 @@ def _disk_kind(p: Path) -> str:
 
         best = None
         for part in psutil.disk_partitions(all=False):
-            if str(p.resolve()).startswith(part.mountpoint) and (best is None or len(part.mountpoint) > len(best.mountpoint)):
+            longer = best is None or len(part.mountpoint) > len(best.mountpoint)
+            if str(p.resolve()).startswith(part.mountpoint) and longer:
                 best = part
         if best is None:
             return "unknown"
@@ -280,5 +281,6 @@ def probe_hardware(
         from localrun.config import get_settings
 
         models_dir = get_settings().models_dir
-    return HardwareProfile(cpu=cpu(), ram_total_bytes=total, ram_available_bytes=avail, gpus=gpus,
-                           disk=disk(str(models_dir)))
+    return HardwareProfile(
+        cpu=cpu(), ram_total_bytes=total, ram_available_bytes=avail, gpus=gpus, disk=disk(str(models_dir))
+    )

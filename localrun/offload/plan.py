@@ -371,18 +371,35 @@ def _ctx_reason(p: Plan, trained: int, cap: int, *, longer: bool = False) -> str
         why = (f"a longer one would cost GPU layers, disk-backed pages or over {KV_SHARE_MAX:.0%} of the {where} "
                f"budget for the KV cache (trained for {trained}; --ctx asks for more)")
     else:
-        why = f"the longest whose KV cache stays within {KV_SHARE_MAX:.0%} of the {where} budget (trained for {trained})"
+        why = (f"the longest whose KV cache stays within {KV_SHARE_MAX:.0%} of the {where} budget "
+               f"(trained for {trained})")
     return f"context {p.n_ctx} tokens per sequence (chosen: {why}); KV cache {_gib(p.kv_cache_bytes)}"
 
 
-def _plan_at_ctx(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str | None = None,
-                 flash_attn: bool | None = None, n_gpu_layers: int | None = None, use_mmap: bool = True,
-                 backend: str = "llamacpp", measurement: dict | None = None,
-                 gpu_offload_supported: bool = True) -> Plan:
+def _plan_at_ctx(
+    spec,
+    hw,
+    *,
+    n_ctx: int,
+    n_parallel: int = 1,
+    kv_type: str | None = None,
+    flash_attn: bool | None = None,
+    n_gpu_layers: int | None = None,
+    use_mmap: bool = True,
+    backend: str = "llamacpp",
+    measurement: dict | None = None,
+    gpu_offload_supported: bool = True,
+) -> Plan:
     """``plan_model`` for one given context (tokens per sequence)."""
     ctx = int(n_ctx)
-    kw = dict(n_ctx=ctx, n_parallel=n_parallel, flash_attn=flash_attn, use_mmap=use_mmap, backend=backend,
-              measurement=measurement)
+    kw = dict(
+        n_ctx=ctx,
+        n_parallel=n_parallel,
+        flash_attn=flash_attn,
+        use_mmap=use_mmap,
+        backend=backend,
+        measurement=measurement,
+    )
     kv_choices = [kv_type] if kv_type else (["f16"] if flash_attn is False else ["f16", "q8_0"])
     has_gpu = bool(hw is not None and hw.gpus) and gpu_offload_supported
     best: Plan | None = None
@@ -394,9 +411,11 @@ def _plan_at_ctx(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str | No
         if best is None or _better(p, best):
             if best is not None:
                 gl = lambda n: max(0, min(n - 1, spec.n_layer))  # noqa: E731  (n_gpu_layers → repeating layers)
-                p.reasons.append(f"KV cache {kvt}: with {best.kv_type} KV only {gl(best.n_gpu_layers)} of "
-                                 f"{spec.n_layer} layers would be on the GPU (here {gl(p.n_gpu_layers)})"
-                                 + ("" if best.fits else " and it would not fit"))
+                p.reasons.append(
+                    f"KV cache {kvt}: with {best.kv_type} KV only {gl(best.n_gpu_layers)} of "
+                    f"{spec.n_layer} layers would be on the GPU (here {gl(p.n_gpu_layers)})"
+                    + ("" if best.fits else " and it would not fit")
+                )
             best = p
         if best.fits and (not has_gpu or best.n_gpu_layers >= spec.n_layer + 1) and not best.disk_backed_bytes:
             break
@@ -440,8 +459,11 @@ def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
     if lo < n_layer + 1 and p.fits:
         nxt = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=lo + 1, n_cpu_moe=ncm, **kw)
         extra = nxt.vram_bytes - p.vram_bytes
-        p.reasons.insert(1, f"one more layer needs {_gib(extra)} more VRAM (weights + its KV for "
-                         f"{p.n_ctx}-token context): {_gib(nxt.vram_bytes)} > {_gib(p.vram_budget_bytes)} usable")
+        p.reasons.insert(
+            1,
+            f"one more layer needs {_gib(extra)} more VRAM (weights + its KV for "
+            f"{p.n_ctx}-token context): {_gib(nxt.vram_bytes)} > {_gib(p.vram_budget_bytes)} usable",
+        )
     return p
 
 
@@ -449,9 +471,20 @@ def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
 # the plan that runs
 # ------------------------------------------------------------------------------------------------
 
-def plan_for_run(spec, hardware, *, n_ctx: int | None = None, n_parallel: int = 1, kv_type: str | None = None,
-                 n_gpu_layers: int | None = None, flash_attn: bool | None = None, backend: str = "llamacpp",
-                 gpu_offload_supported: bool = True, measurement: dict | None = None) -> Plan:
+
+def plan_for_run(
+    spec,
+    hardware,
+    *,
+    n_ctx: int | None = None,
+    n_parallel: int = 1,
+    kv_type: str | None = None,
+    n_gpu_layers: int | None = None,
+    flash_attn: bool | None = None,
+    backend: str = "llamacpp",
+    gpu_offload_supported: bool = True,
+    measurement: dict | None = None,
+) -> Plan:
     """The Plan chat/serve load: the planner's choice for ``spec`` on ``hardware``, with every flag given
     overriding it. ``n_ctx`` None lets the planner choose (see ``plan_model``); ``n_gpu_layers`` uses
     llama.cpp's meaning (-1 = all). ``measurement``: this machine's measured speeds
@@ -459,9 +492,18 @@ def plan_for_run(spec, hardware, *, n_ctx: int | None = None, n_parallel: int = 
     The plan carries ``fits``, ``reasons`` and ``warnings``; pass it to ``check_fits`` before loading."""
     if n_gpu_layers is not None and n_gpu_layers < 0:
         n_gpu_layers = spec.n_layer + 1
-    return plan_model(spec, hardware, n_ctx=n_ctx, n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn,
-                      n_gpu_layers=n_gpu_layers, backend=backend, measurement=measurement,
-                      gpu_offload_supported=gpu_offload_supported)
+    return plan_model(
+        spec,
+        hardware,
+        n_ctx=n_ctx,
+        n_parallel=n_parallel,
+        kv_type=kv_type,
+        flash_attn=flash_attn,
+        n_gpu_layers=n_gpu_layers,
+        backend=backend,
+        measurement=measurement,
+        gpu_offload_supported=gpu_offload_supported,
+    )
 
 
 def check_fits(plan: Plan, force: bool = False) -> None:
@@ -477,6 +519,8 @@ def check_fits(plan: Plan, force: bool = False) -> None:
         f"{plan.model} {plan.quant} with a {plan.n_ctx}-token context ({plan.kv_type} KV, {plan.n_parallel} "
         f"sequence(s)) needs {_gib(needed)} of {what}; {_gib(avail)} is available "
         f"(KV cache {_gib(plan.kv_cache_bytes)}, compute buffers {_gib(plan.compute_bytes)})",
-        needed_bytes=needed, available_bytes=avail,
+        needed_bytes=needed,
+        available_bytes=avail,
         hint=f"use a smaller quantization, a shorter context (--ctx {max(512, plan.n_ctx // 4)}), "
-        "--kv-type q8_0, fewer --n-gpu-layers, or --force to load anyway")
+        "--kv-type q8_0, fewer --n-gpu-layers, or --force to load anyway",
+    )

@@ -96,8 +96,13 @@ def register(app: FastAPI, st: ServerState) -> None:
     async def chat(request: Request):
         req = await st.parse(request, OllamaChatRequest, lenient_type=True)
         if not req.messages:  # Ollama: an empty chat loads the model and returns at once
-            return {"model": st.model_id, "created_at": cv.ollama_now(), "message": {"role": "assistant", "content": ""},
-                    "done_reason": "load", "done": True}
+            return {
+                "model": st.model_id,
+                "created_at": cv.ollama_now(),
+                "message": {"role": "assistant", "content": ""},
+                "done_reason": "load",
+                "done": True,
+            }
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         tools = [t.model_dump() for t in req.tools] if req.tools else None
         for m in req.messages:
@@ -114,12 +119,25 @@ def register(app: FastAPI, st: ServerState) -> None:
             if tools:
                 content, calls = cv.parse_tool_calls(text)
                 if calls:
-                    msg = {"role": "assistant", "content": content,
-                           "tool_calls": [{"function": {"name": tc["function"]["name"],
-                                                        "arguments": json.loads(tc["function"]["arguments"])}}
-                                          for tc in calls]}
-            return {"model": st.model_id, "created_at": cv.ollama_now(), "message": msg,
-                    **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0)}
+                    msg = {
+                        "role": "assistant",
+                        "content": content,
+                        "tool_calls": [
+                            {
+                                "function": {
+                                    "name": tc["function"]["name"],
+                                    "arguments": json.loads(tc["function"]["arguments"]),
+                                }
+                            }
+                            for tc in calls
+                        ],
+                    }
+            return {
+                "model": st.model_id,
+                "created_at": cv.ollama_now(),
+                "message": msg,
+                **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0),
+            }
 
         if not req.stream:
             text, last, _ = await st.collect(request, job)
@@ -134,13 +152,25 @@ def register(app: FastAPI, st: ServerState) -> None:
                         if tools:
                             held.append(c.text)
                         elif c.text:
-                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(),
-                                         "message": {"role": "assistant", "content": c.text}, "done": False})
+                            yield _line(
+                                {
+                                    "model": st.model_id,
+                                    "created_at": cv.ollama_now(),
+                                    "message": {"role": "assistant", "content": c.text},
+                                    "done": False,
+                                }
+                            )
                     else:
                         st.note(request, c.stats, c.finish_reason, prompt)
                         if c.text and not tools:  # Ollama's final line carries no text
-                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(),
-                                         "message": {"role": "assistant", "content": c.text}, "done": False})
+                            yield _line(
+                                {
+                                    "model": st.model_id,
+                                    "created_at": cv.ollama_now(),
+                                    "message": {"role": "assistant", "content": c.text},
+                                    "done": False,
+                                }
+                            )
                         yield _line(done_line("".join(held) + c.text if tools else "", c))
             except LocalrunError as e:
                 yield _line({"error": e.message})
@@ -151,8 +181,13 @@ def register(app: FastAPI, st: ServerState) -> None:
     async def generate(request: Request):
         req = await st.parse(request, OllamaGenerateRequest, lenient_type=True)
         if not req.prompt and not req.system:
-            return {"model": st.model_id, "created_at": cv.ollama_now(), "response": "", "done": True,
-                    "done_reason": "load"}
+            return {
+                "model": st.model_id,
+                "created_at": cv.ollama_now(),
+                "response": "",
+                "done": True,
+                "done_reason": "load",
+            }
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         _no_images(req.images)
         # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory
@@ -161,7 +196,9 @@ def register(app: FastAPI, st: ServerState) -> None:
             prompt = (req.system + "\n\n" if req.system and not req.raw else "") + req.prompt
             new = await st.text_tokens(prompt, raw=req.raw)
         else:
-            msgs = ([Message("system", req.system)] if req.system and not context else []) + [Message("user", req.prompt)]
+            msgs = ([Message("system", req.system)] if req.system and not context else []) + [
+                Message("user", req.prompt)
+            ]
             prompt, new = await st.chat_tokens(msgs)
         bos = getattr(st.spec, "bos_token_id", None)
         if context and new and st.engine.add_bos and new[0] == bos:
@@ -173,9 +210,13 @@ def register(app: FastAPI, st: ServerState) -> None:
         out_ids: list[int] = []
 
         def done_line(text, c):
-            return {"model": st.model_id, "created_at": cv.ollama_now(), "response": text,
-                    "context": tokens + out_ids,
-                    **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0)}
+            return {
+                "model": st.model_id,
+                "created_at": cv.ollama_now(),
+                "response": text,
+                "context": tokens + out_ids,
+                **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0),
+            }
 
         if not req.stream:
             parts, last = [], None
@@ -194,13 +235,15 @@ def register(app: FastAPI, st: ServerState) -> None:
                         out_ids.append(c.token_id)
                     if c.finish_reason is None:
                         if c.text:
-                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text,
-                                         "done": False})
+                            yield _line(
+                                {"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text, "done": False}
+                            )
                     else:
                         st.note(request, c.stats, c.finish_reason, prompt)
                         if c.text:  # Ollama's final line carries no text
-                            yield _line({"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text,
-                                         "done": False})
+                            yield _line(
+                                {"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text, "done": False}
+                            )
                         yield _line(done_line("", c))
             except LocalrunError as e:
                 yield _line({"error": e.message})
@@ -211,8 +254,11 @@ def register(app: FastAPI, st: ServerState) -> None:
 def _no_images(images) -> None:
     """Ollama answers an image for a text-only model with an error; so does localrun (no vision models)."""
     if images:
-        raise RequestError("this model does not support image input (localrun serves text-only models)",
-                           param="images", code="unsupported_value")
+        raise RequestError(
+            "this model does not support image input (localrun serves text-only models)",
+            param="images",
+            code="unsupported_value",
+        )
 
 
 def _entry(st: ServerState) -> dict:

@@ -89,7 +89,9 @@ def register(app: FastAPI, st: ServerState) -> None:
             raise RequestError("suffix (fill-in-the-middle) is not supported", param="suffix",
                                code="unsupported_value")
         max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
-        params = cv.sampling_from_openai(req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=req.logprobs)
+        params = cv.sampling_from_openai(
+            req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=req.logprobs
+        )
         tokens = await st.text_tokens(prompt)
         job = await st.start(request, tokens, params)
         rid, created = cv.new_id("cmpl"), cv.now_s()
@@ -99,8 +101,7 @@ def register(app: FastAPI, st: ServerState) -> None:
             text, last, lps = await st.collect(request, job)
             st.note(request, last.stats, last.finish_reason, log_prompt)
             lp = cv.completion_logprobs(lps, len(echo)) if req.logprobs is not None else None
-            return cv.completion_response(rid, created, st.model_id, echo + text, last.finish_reason,
-                                          last.stats, lp)
+            return cv.completion_response(rid, created, st.model_id, echo + text, last.finish_reason, last.stats, lp)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         async def events():
@@ -110,8 +111,9 @@ def register(app: FastAPI, st: ServerState) -> None:
                 async for c in st.chunks(job):
                     lp = cv.completion_logprobs(c.logprobs) if (c.logprobs and req.logprobs is not None) else None
                     if c.text or c.finish_reason is not None:
-                        yield cv.sse(cv.completion_response(rid, created, st.model_id, c.text, c.finish_reason,
-                                                            None, lp))
+                        yield cv.sse(
+                            cv.completion_response(rid, created, st.model_id, c.text, c.finish_reason, None, lp)
+                        )
                     if c.finish_reason is not None:
                         st.note(request, c.stats, c.finish_reason, log_prompt)
                         if include_usage:
@@ -132,13 +134,21 @@ def register(app: FastAPI, st: ServerState) -> None:
         if req.dimensions is not None and req.dimensions != dim:
             # OpenAI truncates its v3 models' (Matryoshka) embeddings; a GGUF's pooled embedding is not
             # trained for that, so say so instead of returning a vector of another length
-            raise RequestError(f"this model's embeddings have {dim} dimensions; 'dimensions' cannot change that",
-                               param="dimensions", code="unsupported_value")
+            raise RequestError(
+                f"this model's embeddings have {dim} dimensions; 'dimensions' cannot change that",
+                param="dimensions",
+                code="unsupported_value",
+            )
         vectors, n = await st.embed(request, inp, "input")
-        return {"object": "list", "model": st.model_id,
-                "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
-                         for i, v in enumerate(vectors)],
-                "usage": {"prompt_tokens": n, "total_tokens": n}}
+        return {
+            "object": "list",
+            "model": st.model_id,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
+                for i, v in enumerate(vectors)
+            ],
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+        }
 
 
 def _encode(vec: list[float], fmt: str):
@@ -152,9 +162,13 @@ def _encode(vec: list[float], fmt: str):
 
 
 def _model_card(st: ServerState) -> dict:
-    return {"id": st.model_id, "object": "model", "created": int(st.started_s), "owned_by": "localrun",
-            "meta": {"n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel,
-                     "path": st.engine.model_path}}
+    return {
+        "id": st.model_id,
+        "object": "model",
+        "created": int(st.started_s),
+        "owned_by": "localrun",
+        "meta": {"n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel, "path": st.engine.model_path},
+    }
 
 
 def _tools(st: ServerState, req: ChatCompletionRequest) -> list[dict] | None:
@@ -162,12 +176,15 @@ def _tools(st: ServerState, req: ChatCompletionRequest) -> list[dict] | None:
     if not req.tools or req.tool_choice == "none":
         return None
     if not st.engine.supports_tools:
-        raise RequestError(f"{st.model_id}'s chat template does not support tools",
-                           param="tools", code="tools_unsupported",
-                           hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "
-                           "or send the request without tools")
+        raise RequestError(
+            f"{st.model_id}'s chat template does not support tools",
+            param="tools",
+            code="tools_unsupported",
+            hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "
+            "or send the request without tools",
+        )
     if req.tool_choice not in (None, "auto"):
-        raise RequestError("only tool_choice 'auto' or 'none' is supported", param="tool_choice",
-                           code="unsupported_value")
+        raise RequestError(
+            "only tool_choice 'auto' or 'none' is supported", param="tool_choice", code="unsupported_value"
+        )
     return [t.model_dump() for t in req.tools]
-

