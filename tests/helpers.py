@@ -104,7 +104,7 @@ def greedy_trace(engine, prompt, *, max_tokens: int = 24, params=None):
 
     The logprobs llama.cpp reports are its raw distribution. With ``params.dry_multiplier`` (chat's
     default), the DRY penalty each candidate got is recomputed exactly (``localrun.backends.dry``, a
-    port tested against llama.cpp's own sampler) over the prompt and the answer so far, and subtracted;
+    port tested against llama.cpp's own sampler) over the answer so far, and subtracted;
     the runner-up is taken unpenalised, so the margin is a lower bound. Other penalties are refused."""
     from dataclasses import replace
 
@@ -115,10 +115,8 @@ def greedy_trace(engine, prompt, *, max_tokens: int = 24, params=None):
     p = replace(params or SamplingParams(), temperature=0.0, max_tokens=max_tokens, logprobs=2, seed=0)
     assert p.repeat_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty, \
         "greedy_trace computes DRY margins only"
-    if isinstance(prompt, str):
-        history, stream = engine.tokenize(prompt), engine.generate(prompt, p)
-    else:
-        history, stream = list(engine.tokenize_chat(prompt)[1]), engine.chat(prompt, p)
+    stream = engine.generate(prompt, p) if isinstance(prompt, str) else engine.chat(prompt, p)
+    history: list[int] = []  # DRY sees the answer only (llamacpp_sampling.make_sampler)
     breakers = frozenset()
     if p.dry_multiplier > 0:
         texts = ((t, engine.detokenize([t])) for t in range(engine.n_vocab))

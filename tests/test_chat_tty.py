@@ -12,7 +12,8 @@ pytestmark = pytest.mark.model  # `localrun chat` on the embedded SmolLM2, in a 
 
 
 def test_interactive_session(isolated_home):
-    env = dict(os.environ, LOCALRUN_HOME=str(isolated_home), TERM="xterm", COLUMNS="120", LINES="40")
+    env = dict(os.environ, LOCALRUN_HOME=str(isolated_home), TERM="xterm", COLUMNS="120", LINES="40",
+               PROMPT_TOOLKIT_NO_CPR="1")  # pexpect never answers a cursor-position request
     child = pexpect.spawn(sys.executable, ["-m", "localrun", "chat", "--temperature", "0"], env=env,
                           encoding="utf-8", timeout=180, dimensions=(40, 120))
     try:
@@ -26,7 +27,8 @@ def test_esc_enter_inserts_a_newline(isolated_home, tmp_path):
     """Esc then Enter (what /help and the README promise) adds a line to the message; Enter sends it."""
     import json
 
-    env = dict(os.environ, LOCALRUN_HOME=str(isolated_home), TERM="xterm", COLUMNS="120", LINES="40")
+    env = dict(os.environ, LOCALRUN_HOME=str(isolated_home), TERM="xterm", COLUMNS="120", LINES="40",
+               PROMPT_TOOLKIT_NO_CPR="1")  # pexpect never answers a cursor-position request
     child = pexpect.spawn(sys.executable, ["-m", "localrun", "chat", "--temp", "0", "-n", "4"], env=env,
                           encoding="utf-8", timeout=180, dimensions=(40, 120))
     saved = tmp_path / "chat.json"

@@ -35,7 +35,8 @@ SYSTEM = "You are a helpful assistant."
 
 
 def _env(home) -> dict:
-    env = dict(os.environ, LOCALRUN_HOME=str(home), TERM="xterm", COLUMNS="120", LINES="40")
+    env = dict(os.environ, LOCALRUN_HOME=str(home), TERM="xterm", COLUMNS="120", LINES="40",
+               PROMPT_TOOLKIT_NO_CPR="1")  # pexpect never answers a cursor-position request
     for k in ("LOCALRUN_MODELS", "LOCALRUN_API_KEY", "LOCALRUN_BACKEND", "LOCALRUN_PORT", "LOCALRUN_HOST"):
         env.pop(k, None)
     return env

