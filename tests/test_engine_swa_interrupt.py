@@ -115,7 +115,10 @@ def test_interrupting_a_long_prefill_returns_within_a_step(gemma_path):
 
         th = threading.Thread(target=run)
         th.start()
-        time.sleep(full_s / 4)  # inside the prefill (several 512-token chunks)
+        deadline = time.perf_counter() + 10 * full_s + 60
+        while not eng.slots[0].tokens:  # the first 512-token chunk is in the KV: interrupt the second
+            assert time.perf_counter() < deadline and th.is_alive(), "the prefill never got past its first chunk"
+            time.sleep(0.005)
         t_int = time.perf_counter()
         eng.interrupt()
         th.join(60)
