@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import localrun_inprocess
 
 
 def run(*args, stdin=None, env=None, timeout=300):
@@ -91,7 +92,7 @@ def test_hw_json():
 @pytest.mark.parametrize("args", [["chat", "--ctx", "0", "-p", "hi"], ["chat", "--bogus"], ["frob"],
                                   ["chat", "--temperature", "-1", "-p", "hi"], ["fit", "--ctx", "abc"]])
 def test_bad_flags_are_usage_errors_not_tracebacks(args):
-    r = run(*args)
+    r = localrun_inprocess(*args)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and ("Invalid value" in r.stderr or "No such" in r.stderr)
     assert "--help" in r.stderr  # says what to do next

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import localrun_inprocess
 
 from localrun.errors import AmbiguousModelError, ConfigError, ModelNotFoundError
 
@@ -181,10 +182,10 @@ def test_units_and_hardware_share_the_formatter():
 
 
 def test_fit_vram_without_unit_is_refused():
-    r = run("fit", "--vram", "24")
+    r = localrun_inprocess("fit", "--vram", "24")
     assert r.returncode == 9, r.stderr
     assert "'24' has no unit" in r.stderr and "did you mean 24GiB?" in r.stderr and "Traceback" not in r.stderr
-    r = run("fit", "--vram", "24GiB", "--json")
+    r = localrun_inprocess("fit", "--vram", "24GiB", "--json")
     assert r.returncode in (0, 1), r.stderr
     assert "24GiB" in json.loads(r.stdout)["machine"]
 
@@ -234,13 +235,13 @@ def typer_option_names(command: str) -> set[str]:
 
 @pytest.mark.parametrize("value", ["0", "0.7"])
 def test_old_chat_t_points_to_temp(value):
-    r = run("chat", "-t", value, "-p", "hi")
+    r = localrun_inprocess("chat", "-t", value, "-p", "hi")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"--temp {value}" in r.stderr and "threads" in r.stderr
 
 
 def test_old_bench_c_points_to_concurrency():
-    r = run("bench", "-c", "1,4")
+    r = localrun_inprocess("bench", "-c", "1,4")
     assert r.returncode == 2 and "--concurrency 1,4" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -165,7 +165,7 @@ def test_repack_patterns_name_the_cpu_layers_llama_cpp_would_repack():
 
     from localrun.backends.llamacpp_lib import repack_patterns
     from localrun.model.catalog import get_entry
-    from localrun.offload.synthetic import spec_from_entry
+    from localrun.model.synthetic import spec_from_entry
 
     spec = spec_from_entry(get_entry("llama-3.1-8b-instruct"), "Q4_K_M")  # 32 layers; Q4_K with Q6_K mixed in
     avx2 = {"avx2": True, "avx512": False}

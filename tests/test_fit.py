@@ -7,13 +7,14 @@ import subprocess
 import sys
 
 import pytest
+from helpers import localrun_inprocess
 
 from localrun.errors import ConfigError, InsufficientMemoryError
 from localrun.machine.presets import get_preset, preset_names
 from localrun.model.catalog import get_entry
 from localrun.model.gguf_info import read_gguf
+from localrun.model.synthetic import requantize, spec_from_entry
 from localrun.offload.plan import check_fits, plan_for_run, simple_plan
-from localrun.offload.synthetic import requantize, spec_from_entry
 
 
 def test_7b_header_on_12gb_gpu(deepseek_header_path):
@@ -83,8 +84,7 @@ def test_synthetic_matches_real_quant_mix(deepseek_header_path, gemma_path):
 
 
 def _fit(*args):
-    return subprocess.run([sys.executable, "-m", "localrun", "fit", *args], capture_output=True, text=True,
-                          timeout=120)
+    return localrun_inprocess("fit", *args)
 
 
 def test_fit_json_catalog_and_exit_codes(deepseek_header_path, tmp_path):

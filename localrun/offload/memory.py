@@ -1,7 +1,7 @@
 """Bytes per tier for one model + load parameters: weights, KV cache, compute and output buffers.
 
 Pure functions over a ``ModelSpec`` (a real GGUF header, or a synthetic one built from a catalog entry by
-``localrun.offload.synthetic``). Every formula names the llama.cpp source it mirrors (the vendored copy in
+``localrun.model.synthetic``). Every formula names the llama.cpp source it mirrors (the vendored copy in
 llama-cpp-python 0.3.36); the tests in tests/test_memory*.py compare them with llama.cpp's own log.
 
 Conventions: sizes are bytes, lengths tokens. ``n_gpu_layers`` has llama.cpp's meaning
@@ -176,10 +176,6 @@ def _recurrent_state(spec: ModelSpec, n_seq: int) -> KvPart:
 # weights placement
 # ------------------------------------------------------------------------------------------------
 
-def _is_expert(name: str) -> bool:
-    return "_exps" in name or "_chexps" in name
-
-
 def layers_on_gpu(n_layer: int, n_gpu_layers: int) -> tuple[int, bool]:
     """(first repeating layer on the GPU, output layer on the GPU) for llama.cpp's ``n_gpu_layers``.
 
@@ -208,25 +204,25 @@ def split_weights(spec: ModelSpec, n_gpu_layers: int, *, n_cpu_moe: int = 0) -> 
     """
     start, out_gpu = layers_on_gpu(spec.n_layer, n_gpu_layers)
     ws = WeightSplit(gpu_layers=[il for il in range(start, spec.n_layer)], output_on_gpu=out_gpu)
-    has_output = any(t.name == "output.weight" for t in spec.tensors)
-    for t in spec.tensors:
-        il = t.layer
-        if il is not None:
-            on_gpu = il >= start and not (_is_expert(t.name) and il < n_cpu_moe)
-        elif t.name.startswith("token_embd"):
+    has_output = spec.has_output_weight
+    for g in spec.tensor_groups:  # the tensor table summed per (layer, role)
+        expert = g.role in ("exps", "chexps")
+        if g.layer is not None:
+            on_gpu = g.layer >= start and not (expert and g.layer < n_cpu_moe)
+        elif g.role in ("token_embd", "token_embd_other"):
             on_gpu = False
-            if not has_output and t.name == "token_embd.weight" and out_gpu:
-                ws.gpu_bytes += t.n_bytes  # the duplicated tied output
-        elif t.name.startswith("output"):
+            if not has_output and g.role == "token_embd" and out_gpu:
+                ws.gpu_bytes += g.n_bytes  # the duplicated tied output
+        elif g.role == "output":
             on_gpu = out_gpu
         else:
             on_gpu = False
         if on_gpu:
-            ws.gpu_bytes += t.n_bytes
+            ws.gpu_bytes += g.n_bytes
         else:
-            ws.cpu_bytes += t.n_bytes
-            if il is not None and _is_expert(t.name):
-                ws.cpu_expert_bytes += t.n_bytes
+            ws.cpu_bytes += g.n_bytes
+            if g.layer is not None and expert:
+                ws.cpu_expert_bytes += g.n_bytes
     return ws
 
 

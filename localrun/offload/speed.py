@@ -101,25 +101,23 @@ def weights_read_per_token(spec, gpu_layers=(), output_on_gpu: bool = False, n_c
     """
     frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
     gpu_set = set(gpu_layers)
-    has_output = any(t.name == "output.weight" for t in spec.tensors)
+    has_output = spec.has_output_weight
     out = {"gpu": 0.0, "cpu": 0.0, "gpu_params": 0.0, "cpu_params": 0.0}
-    for t in spec.tensors:
-        il = t.layer
-        f = frac if "_exps" in t.name else 1.0
-        if il is not None:
-            where = "gpu" if (il in gpu_set and not ("_exps" in t.name and il < n_cpu_moe)) else "cpu"
-        elif t.name.startswith("output"):
+    for g in spec.tensor_groups:  # the tensor table summed per (layer, role): same sums, fewer terms
+        f = frac if g.role == "exps" else 1.0
+        if g.layer is not None:
+            where = "gpu" if (g.layer in gpu_set and not (g.role == "exps" and g.layer < n_cpu_moe)) else "cpu"
+        elif g.role == "output":
             where = "gpu" if output_on_gpu else "cpu"
-        elif t.name == "token_embd.weight" and not has_output:  # tied: read fully as the output layer
+        elif g.role == "token_embd" and not has_output:  # tied: read fully as the output layer
             where = "gpu" if output_on_gpu else "cpu"
-        elif t.name == "token_embd.weight":  # one row per token, no matmul
-            rows = t.shape[-1] if len(t.shape) > 1 else 1
-            out["cpu"] += t.n_bytes / max(1, rows)
+        elif g.role == "token_embd":  # one row per token, no matmul
+            out["cpu"] += g.n_bytes / max(1, g.rows)
             continue
         else:
             continue
-        out[where] += t.n_bytes * f
-        out[where + "_params"] += t.n_elements * f
+        out[where] += g.n_bytes * f
+        out[where + "_params"] += g.n_elements * f
     return out
 
 

@@ -69,8 +69,8 @@ def candidates(model):
     from localrun.errors import ModelNotFoundError
     from localrun.model.catalog import get_entry
     from localrun.model.gguf_info import read_gguf
+    from localrun.model.synthetic import requantize, spec_from_entry, supported_quants
     from localrun.offload.choose import DEFAULT_LADDER, Candidate
-    from localrun.offload.synthetic import requantize, spec_from_entry, supported_quants
     from localrun.store.resolve import resolve_model
 
     entry = None
@@ -143,8 +143,8 @@ def _fit_info(chosen, plans, hardware) -> dict:
 
 def _pull_choice(entry, hardware, meas) -> dict:
     """What `localrun pull NAME` would download here: the planner's choice among the catalog quants."""
+    from localrun.model.synthetic import spec_from_entry, supported_quants
     from localrun.offload.choose import Candidate, choose
-    from localrun.offload.synthetic import spec_from_entry, supported_quants
 
     ok = set(supported_quants())
     cands = [Candidate(q, spec_from_entry(entry, q), "catalog") for q in entry.quants if q.upper() in ok]

@@ -272,8 +272,8 @@ def _planner_choice(files: list[RemoteFile], hw, entry: CatalogEntry):
     fits (the caller then applies the simple rule)."""
     try:
         from localrun.machine.measurements import planner_measurement
+        from localrun.model.synthetic import spec_from_entry, supported_quants
         from localrun.offload.choose import Candidate, choose
-        from localrun.offload.synthetic import spec_from_entry, supported_quants
     except ImportError:
         return None
     by_quant = {(f.quant or "").upper(): f for f in files}

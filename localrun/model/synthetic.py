@@ -10,6 +10,8 @@ Gemma-3 file are reproduced to within 1% (tests/test_fit_synthetic.py).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from localrun.model.gguf_info import FILE_TYPES, GGML_TYPES, ModelSpec, TensorInfo, ggml_type_id
 
 # ftype → (base type, output type, attn_v rule, ffn_down rule). Rules: "more" = Q6_K on use_more_bits
@@ -86,13 +88,19 @@ def _tensor(name: str, shape: tuple[int, ...], type_name: str, offset: int) -> T
 
 def build_tensors(shapes: list[tuple[str, tuple[int, ...]]], ftype: str, n_layer: int) -> list[TensorInfo]:
     """Assign types and 32-byte-aligned offsets to (name, shape) rows."""
+    return list(_build_tensors(tuple(shapes), ftype.upper(), n_layer))
+
+
+@lru_cache(maxsize=256)
+def _build_tensors(shapes: tuple[tuple[str, tuple[int, ...]], ...], ftype: str, n_layer: int) -> tuple[TensorInfo, ...]:
+    # cached: `fit` plans each catalog model at several quantizations, and `ls`/`show` plan them again
     tied = not any(n == "output.weight" for n, _ in shapes)
     out, off = [], 0
     for name, shape in shapes:
         t = _tensor(name, shape, tensor_type(name, shape, ftype, n_layer, tied=tied), off)
         out.append(t)
         off += (t.n_bytes + 31) // 32 * 32
-    return out
+    return tuple(out)
 
 
 def entry_shapes(e) -> list[tuple[str, tuple[int, ...]]]:
