@@ -169,13 +169,14 @@ class Engine(Protocol):
         ...
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str: ...
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str: ...
 
     def tokenize_chat(self, messages: Sequence[Message], *, tools: list[dict] | None = None,
-                      add_generation_prompt: bool = True, parse_special_in_content: bool = False
-                      ) -> tuple[str, list[int]]:
+                      add_generation_prompt: bool = True, parse_special_in_content: bool = False,
+                      template_kwargs: dict | None = None) -> tuple[str, list[int]]:
         """Render with the chat template → (prompt text, token ids); message text is never read as
-        control tokens (unless ``parse_special_in_content``)."""
+        control tokens (unless ``parse_special_in_content``). ``template_kwargs``: extra template
+        variables (``enable_thinking``, ``reasoning_effort``)."""
         ...
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,

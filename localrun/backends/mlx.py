@@ -250,23 +250,24 @@ class MlxEngine:
         return self._dry_breakers
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
         from localrun.model.chat_template import render_chat
 
         return render_chat(self._template, self.model_path, messages,
-                           add_generation_prompt=add_generation_prompt, tools=tools)
+                           add_generation_prompt=add_generation_prompt, tools=tools, template_kwargs=template_kwargs)
 
     def tokenize_chat(self, messages: Sequence[Message], *, tools: list[dict] | None = None,
-                      add_generation_prompt: bool = True, parse_special_in_content: bool = False
-                      ) -> tuple[str, list[int]]:
+                      add_generation_prompt: bool = True, parse_special_in_content: bool = False,
+                      template_kwargs: dict | None = None) -> tuple[str, list[int]]:
         """Render ``messages`` with the chat template → (prompt text, token ids). Only the template's own
         markers become control tokens; message text is always tokenised as text (see
-        ``chat_template.chat_prompt_tokens``). Raises ChatTemplateError."""
+        ``chat_template.chat_prompt_tokens``). ``template_kwargs``: extra template variables
+        (``enable_thinking``, ``reasoning_effort``). Raises ChatTemplateError."""
         from localrun.model.chat_template import chat_prompt_tokens
 
         return chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
                                   add_generation_prompt=add_generation_prompt, tools=tools,
-                                  parse_special_in_content=parse_special_in_content)
+                                  parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)
 
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams):

@@ -143,8 +143,9 @@ class SerialEngine:
         return self.engine.is_eog(token)
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
-        return self.engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        return self.engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                               template_kwargs=template_kwargs)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams, *,
                  parse_special: bool = True) -> Iterator[Chunk]:

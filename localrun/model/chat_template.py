@@ -122,12 +122,15 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: Sequence, *, add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> str:
-        """Messages (``Message`` or dicts with role/content) → prompt text. Raises ChatTemplateError."""
-        return self._render([_as_dict(m) for m in messages], add_generation_prompt, tools)
+               tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        """Messages (``Message`` or dicts with role/content) → prompt text. ``template_kwargs`` are extra
+        variables for the template (``{"enable_thinking": False}``, ``{"reasoning_effort": "high"}``; see
+        ``dialects.template_kwargs``). Raises ChatTemplateError."""
+        return self._render([_as_dict(m) for m in messages], add_generation_prompt, tools, template_kwargs)
 
     def render_parts(self, messages: Sequence, *, add_generation_prompt: bool = True,
-                     tools: list[dict] | None = None) -> list[tuple[str, bool]]:
+                     tools: list[dict] | None = None, template_kwargs: dict | None = None
+                     ) -> list[tuple[str, bool]]:
         """The rendered prompt cut into ``(text, is_content)`` parts whose concatenation is ``render(...)``.
 
         ``is_content`` marks the text of a message (content, tool-call arguments) as opposed to what the
@@ -136,14 +139,14 @@ class ChatTemplate:
         content that holds a marker's text (``<|im_end|>``) stays content. Raises ChatTemplateError, also
         when a template rewrites message text beyond recognition (then no part can be trusted)."""
         msgs = [_as_dict(m) for m in messages]
-        text = self._render(msgs, add_generation_prompt, tools)
+        text = self._render(msgs, add_generation_prompt, tools, template_kwargs)
         nonce = secrets.token_hex(4)
         contents: list[str] = []
         marked = [_mark_message(m, nonce, contents) for m in msgs]
         if not contents:
             return [(text, False)]
         try:
-            skeleton = self._render(marked, add_generation_prompt, tools)
+            skeleton = self._render(marked, add_generation_prompt, tools, template_kwargs)
         except ChatTemplateError:
             skeleton = None
         parts = _splice(text, skeleton, nonce, contents) if skeleton is not None else None
@@ -155,12 +158,15 @@ class ChatTemplate:
                 "trusted clients only, --parse-special-in-content")
         return parts
 
-    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
+    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+                template_kwargs: dict | None = None) -> str:
         import jinja2
 
+        # the caller's extras first: the fixed variables below are not theirs to override
+        kw = {**(template_kwargs or {}), "messages": msgs, "add_generation_prompt": add_generation_prompt,
+              "bos_token": self.bos_token, "eos_token": self.eos_token, "tools": tools or None}
         try:
-            return self._tpl.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                    bos_token=self.bos_token, eos_token=self.eos_token, tools=tools or None)
+            return self._tpl.render(**kw)
         except (jinja2.TemplateError, ValueError, TypeError) as e:
             raise ChatTemplateError(f"the chat template rejected these messages: {e}",
                                     hint="check the roles and their order (system first, then user/assistant "
@@ -168,7 +174,8 @@ class ChatTemplate:
 
 
 def render_chat(template: "ChatTemplate | None", model_path: str, messages: Sequence, *,
-                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                template_kwargs: dict | None = None) -> str:
     """Render ``messages`` with a model's template; a model without one (a base model) is refused with
     ChatTemplateError naming --raw and --chat-template, never rendered into garbage. Shared by the backends."""
     import os
@@ -178,13 +185,14 @@ def render_chat(template: "ChatTemplate | None", model_path: str, messages: Sequ
             f"{os.path.basename(model_path)} has no chat template (it is probably a base model, "
             "not an instruction-tuned one)",
             hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
-    return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                           template_kwargs=template_kwargs)
 
 
 def chat_prompt_tokens(template: "ChatTemplate | None", model_path: str, messages: Sequence,
                        tokenize: Callable[..., list[int]], *, add_generation_prompt: bool = True,
-                       tools: list[dict] | None = None, parse_special_in_content: bool = False
-                       ) -> tuple[str, list[int]]:
+                       tools: list[dict] | None = None, parse_special_in_content: bool = False,
+                       template_kwargs: dict | None = None) -> tuple[str, list[int]]:
     """Render ``messages`` and tokenise the prompt → (prompt text, token ids). Shared by the backends.
 
     Only the template's own text is tokenised with special-token parsing (``<|im_start|>`` → its control
@@ -193,12 +201,14 @@ def chat_prompt_tokens(template: "ChatTemplate | None", model_path: str, message
     engine's; BOS is added (when the model wants it) to the first part only.
     ``parse_special_in_content=True`` restores the unsafe behaviour (one pass with parsing on) for trusted
     clients that send control tokens on purpose (``serve --parse-special-in-content``).
+    ``template_kwargs``: extra template variables (``enable_thinking``, ``reasoning_effort``).
     Raises ChatTemplateError (no template; a template that rejects the messages)."""
     if template is None or parse_special_in_content:
         text = render_chat(template, model_path, messages, add_generation_prompt=add_generation_prompt,
-                           tools=tools)
+                           tools=tools, template_kwargs=template_kwargs)
         return text, tokenize(text, add_special=True, parse_special=True)
-    parts = template.render_parts(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    parts = template.render_parts(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                  template_kwargs=template_kwargs)
     text = "".join(t for t, _ in parts)
     ids: list[int] = []
     first, clean = True, True
