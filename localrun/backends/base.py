@@ -37,6 +37,21 @@ class Message:
         return d
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match, enforced token by token (``localrun.constrain`` compiles it with
+    llguidance for the engine's vocabulary).
+
+    ``kind``: ``"json_schema"`` (``source`` a JSON Schema dict), ``"json_object"`` (any JSON object;
+    ``source`` ignored), ``"regex"`` (``source`` a regex, Rust ``regex`` syntax), ``"lark"`` (llguidance's
+    Lark dialect), ``"gbnf"`` (llama.cpp GBNF). ``param``: the request field it came from, named in errors.
+    """
+
+    kind: str
+    source: str | dict | None = None
+    param: str = ""
+
+
 @dataclass
 class SamplingParams:
     """Sampling settings; the defaults are llama.cpp's (common/common.h ``common_params_sampling``).
@@ -77,6 +92,7 @@ class SamplingParams:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
     stop_loops: bool = False
+    constraint: Constraint | None = None  # structured output (JSON schema, regex, grammar); None = free text
 
 
 @dataclass
