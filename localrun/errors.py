@@ -17,6 +17,7 @@ is shown only with ``LOCALRUN_DEBUG=1``. The HTTP server maps them to 4xx/5xx by
     ├── BackendError                   exit 8   the backend failed at run time (decode error, …)
     ├── ConfigError                    exit 9   a bad flag value, env var or config file
     │   └── SizeError                  exit 9   a size that cannot be read (--vram 24: no unit)
+    ├── ConstraintError                exit 9   a schema/regex/grammar constrained decoding cannot enforce
     └── DownloadError                  exit 10  pull failed (network, checksum, access, disk space)
 """
 
@@ -153,6 +154,22 @@ class ConfigError(LocalrunError):
 class SizeError(ConfigError, ValueError):
     """A byte size the user typed cannot be read (``--vram 24``: no unit). Also a ValueError, for callers
     that catch that around ``localrun.units.parse_bytes``."""
+
+
+class ConstraintError(LocalrunError):
+    """A structured-output request (JSON schema, regex, grammar) that constrained decoding cannot enforce:
+    refused, never silently relaxed. ``keyword``: the unsupported JSON Schema keyword (or None),
+    ``path``: its JSON Pointer inside the schema ("" = the root), ``param``: the request field or flag."""
+
+    exit_code = 9
+
+    def __init__(self, message: str, *, keyword: str | None = None, path: str = "", param: str = "",
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "remove or rewrite that part of the schema; the supported "
+                         "JSON Schema subset is llguidance's (docs/json_schema.md in guidance-ai/llguidance)")
+        self.keyword = keyword
+        self.path = path
+        self.param = param
 
 
 class DownloadError(LocalrunError):

@@ -11,6 +11,7 @@ from localrun.errors import (
     BackendUnavailableError,
     ChatTemplateError,
     ConfigError,
+    ConstraintError,
     ContextOverflowError,
     InsufficientMemoryError,
     LocalrunError,
@@ -57,6 +58,7 @@ _STATUS_BY_TYPE: list[tuple[type, int, str, str | None]] = [
     (BackendUnavailableError, 501, "server_error", "backend_unavailable"),
     (BackendError, 500, "server_error", "backend_error"),
     (ConfigError, 400, "invalid_request_error", "invalid_value"),
+    (ConstraintError, 400, "invalid_request_error", "unsupported_schema"),
     (LocalrunError, 400, "invalid_request_error", None),
 ]
 
@@ -71,8 +73,8 @@ def error_info(exc: LocalrunError) -> tuple[int, dict]:
             if isinstance(exc, cls):
                 status, etype, code = st, et, cd
                 break
-        if isinstance(exc, ContextOverflowError):
-            param = exc.param
+        if isinstance(exc, (ContextOverflowError, ConstraintError)):
+            param = exc.param or None
     msg = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
     return status, error_body(msg, etype=etype, param=param, code=code)
 
