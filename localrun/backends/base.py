@@ -70,6 +70,14 @@ class SamplingParams:
     llama.cpp backend only), and ``stop_loops``, which ends a generation stuck in a cycle with finish
     reason ``loop`` (``backends.text.LoopDetector``). ``chat`` turns on a repeat penalty and ``stop_loops``
     by default; the HTTP API keeps OpenAI's semantics (all off) unless ``serve`` is told otherwise.
+
+    Token control (``backends/control.py``, design13 §2): ``reasoning_budget`` (tokens of thinking, None =
+    unlimited) after which the engine forces the tokens of ``budget_close`` (text; control-token markers
+    in it become their tokens; "" = ``think_close``) and the model answers, never writing ``think_close``
+    again; ``think_open``/``think_close`` are the block's markers, ``starts_in_thinking`` says the prompt
+    already ends inside the block. ``constraint``: a ``Constraint`` the output must match (a token mask
+    per step; finish ``stop`` when it is complete). ``render_special``: control tokens' text (gpt-oss's
+    ``<|channel|>``) appears in the output text; end-of-generation tokens still end it, unshown.
     """
 
     temperature: float = 0.8
@@ -92,6 +100,12 @@ class SamplingParams:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
     stop_loops: bool = False
+    reasoning_budget: int | None = None
+    budget_close: str = ""
+    think_open: str = ""
+    think_close: str = ""
+    starts_in_thinking: bool = False
+    render_special: bool = False
     constraint: Constraint | None = None  # structured output (JSON schema, regex, grammar); None = free text
 
 

@@ -23,6 +23,7 @@ import time
 from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, TokenLogprob
+from localrun.backends.control import build_control
 from localrun.backends.llamacpp_lib import (
     LlamaLog,
     cpu_advertises_amx,
@@ -282,6 +283,7 @@ class LlamaCppEngine:
             bad = next(t for t in prompt if not 0 <= t < self.n_vocab)
             raise LocalrunError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})",
                                 hint="send token ids this model's tokenizer produced (or text)")
+        control = build_control(self, params)  # before the slot is taken: it may raise (a bad constraint)
         slot = slot or self.acquire_slot(prompt)
         if slot is None or slot.busy:
             raise BackendError("no free sequence slot", hint="wait for a running request to finish")
@@ -299,7 +301,8 @@ class LlamaCppEngine:
         slot.last_used = time.monotonic()
         # prefix caching: prime the sampler's penalty history with the reused prompt tokens
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
-                          cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx))
+                          cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx),
+                          control=control)
 
     def _window_kept(self, slot: Slot, n_keep: int) -> bool:
         """Can ``slot``'s KV be cut back to its first ``n_keep`` tokens? Always, without sliding-window
@@ -443,26 +446,51 @@ class LlamaCppEngine:
         self._abort.requested = True
 
     def _sample(self, g: Generation, idx: int, now: float) -> Chunk:
-        C, p = self.C, g.params
-        lp = self._logprobs(idx, p.logprobs) if p.logprobs is not None else None
-        tok = C.llama_sampler_sample(g.sampler, self.ctx, idx)
+        """Choose ``g``'s next token from logits row ``idx`` (its token control first: a forced token skips
+        the sampler, a mask sets the disallowed logits of this row to -inf), then run it through the
+        sequence's ``TextStream``."""
+        C, p, ctl = self.C, g.params, g.control
+        lp = self._logprobs(idx, p.logprobs) if p.logprobs is not None else None  # the model's own, unmasked
+        forced = ctl.forced() if ctl is not None else None
+        if forced is not None:
+            tok = forced
+            C.llama_sampler_accept(g.sampler, tok)  # penalty / grammar history, as a sampled token would
+        else:
+            if ctl is not None:
+                self._apply_mask(idx, ctl.mask())
+            tok = C.llama_sampler_sample(g.sampler, self.ctx, idx)
+        if ctl is not None:
+            ctl.accept(tok)
         if not g.generated:
             g.t_first = now
         g.generated.append(tok)
         g.pending = tok
         eog = self.is_eog(tok)
-        piece = b"" if eog else self.token_bytes(tok)
+        piece = b"" if eog else self.token_bytes(tok, p.render_special)
         if lp is not None and not eog:
             lp = [self._token_logprob(tok, piece, lp)]
         elif lp is not None:
             lp = None
         # the text pipeline shared with MLX: UTF-8, stop strings, max_tokens, context full, loops
         out, finish = g.stream.push(tok, piece, eog=eog, n_ctx_used=len(g.slot.tokens))
+        if finish is None and ctl is not None and ctl.complete():
+            rest, finish = g.stream.finish("stop")
+            out += rest
         if finish is None:
             return Chunk(text=out, token_id=tok, logprobs=lp)
         g.finish_reason = finish
         g.pending = None
         return Chunk(text=out, token_id=tok, finish_reason=finish, stats=g.stats(self.n_ctx), logprobs=lp)
+
+    def _apply_mask(self, idx: int, allowed) -> None:
+        """Set the logits of row ``idx`` to -inf where ``allowed`` (bool ``[n_vocab]``) is False, in
+        llama.cpp's own logits buffer, which ``llama_sampler_sample`` reads next. None: nothing."""
+        if allowed is None:
+            return
+        import numpy as np
+
+        row = np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+        np.copyto(row, -np.inf, where=~allowed)
 
     def _logprobs(self, idx: int, top_n: int):
         import numpy as np

@@ -22,7 +22,7 @@ class Slot:
 
 @dataclass
 class Generation:
-    """A running request on a slot: its prompt, sampler, output text and timings."""
+    """A running request on a slot: its prompt, sampler, token control, output text and timings."""
 
     slot: Slot
     prompt: list[int]
@@ -39,6 +39,7 @@ class Generation:
     t_prefill_done: float = 0.0
     cancelled: bool = False
     last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
+    control: object | None = None  # backends.control.TokenControl: forced tokens, masks, complete; None = free
 
     @property
     def done(self) -> bool:

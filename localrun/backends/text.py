@@ -134,6 +134,11 @@ class TextStream:
         self.sent = max(self.sent, end)
         return out, None
 
+    def finish(self, reason: str) -> tuple[str, str]:
+        """End the generation now with ``reason`` (a token control is complete: ``stop``) → the text not
+        yet returned (a held-back partial stop string included) and ``reason``."""
+        return self._finish(reason)
+
     def _finish(self, reason: str, *, flush: bool = True) -> tuple[str, str]:
         if flush:
             self.text += self.decoder.decode(b"", final=True)
