@@ -38,13 +38,15 @@ class ChatMessageIn(_Base):
     """One message. ``developer`` is OpenAI's newer name for ``system``; content may be a string or a list
     of text parts (images are not supported by the text-only backends)."""
 
-    _ignored = frozenset({"refusal", "annotations", "audio", "function_call", "reasoning_content", "reasoning",
-                          "thinking"})
+    _ignored = frozenset({"refusal", "annotations", "audio", "function_call", "thinking"})
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[dict[str, Any]], None] = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # an earlier turn's thinking (llama-server's name; ``reasoning`` is Ollama's OpenAI route's)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -94,7 +96,7 @@ class _SamplingFields(_Base):
     """Sampling fields shared by chat and text completions (OpenAI names, plus llama.cpp's extras)."""
 
     _ignored = frozenset({"user", "store", "metadata", "service_tier", "modalities", "audio", "prediction",
-                          "reasoning_effort", "web_search_options", "functions", "function_call", "best_of",
+                          "web_search_options", "functions", "function_call", "best_of",
                           "cache_prompt", "safety_identifier", "prompt_cache_key", "verbosity", "keep_alive"})
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, gt=0)
@@ -140,6 +142,13 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: StrictBool | None = None
+    # thinking (issue 13): "none" turns it off where the template can; a level the template does not take
+    # becomes a thinking budget (server/reply.py EFFORT_BUDGET)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # llama-server's switch: "none" keeps the thinking, tags and all, in content; the others split it off
+    reasoning_format: Literal["none", "auto", "deepseek", "parsed"] | None = None
+    reasoning_budget: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)  # tokens; localrun's extension
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (enable_thinking), as vLLM
 
 
 class CompletionRequest(_SamplingFields):
@@ -190,19 +199,23 @@ class OllamaMessage(ChatMessageIn):
     thinking: str | None = None
 
 
+OllamaThink = Union[StrictBool, Literal["low", "medium", "high"], None]
+
+
 class OllamaChatRequest(_Base):
-    _ignored = frozenset({"think", "logprobs", "top_logprobs", "truncate", "shift"})
+    _ignored = frozenset({"logprobs", "top_logprobs", "truncate", "shift"})
     model: str | None = None
     messages: list[OllamaMessage] = Field(default_factory=list)
     stream: StrictBool = True
     format: Union[Literal["json", ""], dict[str, Any], None] = None
     options: OllamaOptions | None = None
     tools: list[ToolDef] | None = None
+    think: OllamaThink = None
     keep_alive: Any = None
 
 
 class OllamaGenerateRequest(_Base):
-    _ignored = frozenset({"think", "template", "logprobs", "top_logprobs", "truncate", "shift"})
+    _ignored = frozenset({"template", "logprobs", "top_logprobs", "truncate", "shift"})
     model: str | None = None
     prompt: str = ""
     system: str | None = None
@@ -213,6 +226,7 @@ class OllamaGenerateRequest(_Base):
     options: OllamaOptions | None = None
     context: list[int] | None = None
     images: list[str] | None = None
+    think: OllamaThink = None
     keep_alive: Any = None
 
 
