@@ -114,6 +114,10 @@ def register(app: typer.Typer) -> None:
         stop_loops: bool = typer.Option(False, "--stop-loops",
             help="End a generation that repeats itself in a cycle (finish_reason stop; off by default: OpenAI's "
                  "semantics). A request's own stop_loops field wins."),
+        reasoning_budget: Optional[int] = typer.Option(None, "--reasoning-budget", min=0,
+            help="Default thinking budget in tokens for thinking models: when it runs out the server closes the "
+                 "thinking block and the model answers (0: no thinking). A request's reasoning_effort, Ollama "
+                 "think level or Anthropic budget_tokens wins."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
@@ -145,7 +149,7 @@ def register(app: typer.Typer) -> None:
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
-                   stop_loops=stop_loops)
+                   stop_loops=stop_loops, reasoning_budget=reasoning_budget)
 
 
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
@@ -170,7 +174,7 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
                cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
-               stop_loops: bool = False) -> None:
+               stop_loops: bool = False, reasoning_budget: int | None = None) -> None:
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -191,6 +195,7 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     options.parse_special_in_content = parse_special_in_content
     options.parse_special_in_prompt = parse_special_in_prompt
     options.stop_loops = stop_loops
+    options.reasoning_budget = reasoning_budget
     app = create_app(engine, settings, options)
     st = app.state.localrun
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host

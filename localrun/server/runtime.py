@@ -52,6 +52,7 @@ class ServeOptions:
     # raw prompts (/v1/completions, /api/generate raw) are the client's own format: markers become tokens
     parse_special_in_prompt: bool = True
     stop_loops: bool = False  # end looping generations (finish "loop" → "stop") unless a request says otherwise
+    reasoning_budget: int | None = None  # tokens of thinking before the engine closes the block; None: no limit
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
 
