@@ -18,7 +18,8 @@ forward pass is queued with ``mx.async_eval`` before the current token is handed
 
 Sampling follows llama.cpp's chain order (common/sampling.cpp): logit bias, penalties, top-k, top-p,
 min-p, temperature, then a categorical draw from ``mx.random`` keyed by ``seed`` (greedy when
-temperature <= 0). GBNF grammars are llama.cpp-only (BackendUnavailableError).
+temperature <= 0). GBNF grammars are llama.cpp-only (BackendUnavailableError). A token control
+(``backends/control.py``: reasoning budget, constraints) forces tokens or masks the logits before the draw.
 
 **What ``serve`` does on MLX**: there is no multi-sequence ``step()`` here (a ``SingleStreamEngine``, not a
 ``BatchEngine``), so ``backends.as_batch_engine`` wraps it in ``SerialEngine`` and the server runs requests
@@ -37,6 +38,7 @@ import time
 from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
+from localrun.backends.control import build_control
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
@@ -120,7 +122,9 @@ class MlxEngine:
         self.eos_text = hf.eos_token or ""
         self.eog_ids = set(self._eos_ids)
         vocab = hf.get_vocab()
-        self.eog_ids.update(vocab[t] for t in EOG_TEXTS if t in vocab)
+        # gpt-oss (harmony): <|end|> closes a message, <|return|>/<|call|> end the turn (llama-vocab.cpp does the same)
+        eog_texts = [t for t in EOG_TEXTS if not (t == "<|end|>" and "<|return|>" in vocab)]
+        self.eog_ids.update(vocab[t] for t in eog_texts if t in vocab)
         if hf.eos_token_id is not None:
             self.eog_ids.add(hf.eos_token_id)
         src = chat_template or self._template_src
@@ -231,9 +235,14 @@ class MlxEngine:
         self._pieces = out
         return out
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes ``token`` writes; a control token writes its text only with ``special`` (as llama.cpp's
+        ``token_to_piece(special)``)."""
         table = self._piece_table()
-        return table[token] if 0 <= token < len(table) else b""
+        piece = table[token] if 0 <= token < len(table) else b""
+        if special and not piece and token in self._special_ids:
+            return (self.tokenizer.convert_ids_to_tokens(token) or "").encode()
+        return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
@@ -381,6 +390,8 @@ class MlxEngine:
         procs = self.make_processors(p)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         key = mx.random.key(int(seed) & 0xFFFFFFFF)
+        ctl = build_control(self, p)  # forced tokens, masks (backends/control.py); None: free generation
+        neg_inf = mx.array(float("-inf"))
         n_keep = self.reuse_prefix(prompt)
         generated: list[int] = []
         stream = TextStream(p, self.n_ctx)
@@ -395,6 +406,13 @@ class MlxEngine:
                 for proc in procs:
                     logits = proc(hist, logits)
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            if ctl is not None:
+                forced = ctl.forced()
+                if forced is not None:  # emitted without sampling; this pass only puts ``toks`` in the cache
+                    return mx.array([forced]), raw
+                allowed = ctl.mask()
+                if allowed is not None:
+                    logprobs = mx.where(mx.array(allowed[: logprobs.shape[-1]])[None], logprobs, neg_inf)
             key, sub = mx.random.split(key)
             return sampler(logprobs, sub), raw
 
@@ -424,8 +442,13 @@ class MlxEngine:
                 eog = self.is_eog(tok)
                 tlp = self._logprob(tok, lp, p.logprobs) if p.logprobs is not None and not eog else None
                 # the text pipeline shared with llama.cpp: UTF-8, stop strings, max_tokens, context full, loops
-                out, finish = stream.push(tok, b"" if eog else self.token_bytes(tok), eog=eog,
+                out, finish = stream.push(tok, b"" if eog else self.token_bytes(tok, p.render_special), eog=eog,
                                           n_ctx_used=len(self._cache_tokens))
+                if ctl is not None:
+                    ctl.accept(tok)
+                    if finish is None and ctl.complete():
+                        rest, finish = stream.finish("stop")
+                        out += rest
                 if finish is not None:
                     yield Chunk(text=out, token_id=tok, finish_reason=finish, stats=stats(),
                                 logprobs=[tlp] if tlp else None)
