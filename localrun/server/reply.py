@@ -1,0 +1,306 @@
+"""One reply pipeline under every chat route (OpenAI, Ollama, Anthropic): request → prompt, chunks → events.
+
+``prepare_chat`` turns the wire-neutral parts of a chat request (messages as dicts, tools, ``tool_choice``,
+and the one reasoning control ``think``/``level``/``budget``) into the prompt tokens, the template family
+(``dialects.detect_family``) and the ``ReplyOptions`` the parser needs; it also sets the engine's token
+control fields on ``SamplingParams`` (thinking budget, ``tool_choice`` constraint).
+
+``reply_events`` runs a job's ``Chunk``s through the family's ``dialects.ReplyParser`` and yields
+``Delta`` (channel "thinking" | "content"), ``ToolCallStart``/``ToolCallArgs``/``ToolCallEnd``,
+``Logprobs`` (the chunk's token logprobs, after that chunk's deltas) and, last, one ``Finish``. Each route
+renders those events; a non-streaming answer is the same events gathered by ``collect_reply``, so
+streaming and non-streaming answers agree by construction.
+
+The reasoning control (design13 §3): OpenAI ``reasoning_effort``, Ollama ``think`` and Anthropic
+``thinking.budget_tokens`` all become ``(think, level, budget)``. ``think=False`` turns thinking off with
+the template's toggle (Qwen3 ``enable_thinking``); a template that cannot turn it off (DeepSeek-R1 opens
+the block itself) gets a budget of 0 tokens, so the engine closes the block at once. A level the template
+takes (gpt-oss ``reasoning_effort``) is passed to it; otherwise a level is a budget (``EFFORT_BUDGET``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import AsyncIterator, Sequence
+
+from starlette.concurrency import run_in_threadpool
+
+from localrun.backends.base import SamplingParams, Stats, TokenLogprob
+from localrun.dialects import Delta, Family, ReplyParser, ToolCallArgs, ToolCallEnd, ToolCallStart, detect_family
+from localrun.dialects import template_kwargs as family_template_kwargs
+from localrun.server.errors import RequestError
+
+# thinking budget (tokens) for an effort level when the template takes no levels (documented in README)
+EFFORT_BUDGET = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+
+
+@dataclass
+class ReplyOptions:
+    """How to parse one reply. ``thinking``: this request thinks (the template opened the block or the
+    model may open one); ``raw_thinking``: keep the thinking markers in the content (OpenAI
+    ``reasoning_format: "none"``); ``tools``: the tools offered (None: no tool-call parsing);
+    ``tool_choice``: "auto" | "required" | {"type": "function", "function": {"name": ...}} | None."""
+
+    thinking: bool = False
+    raw_thinking: bool = False
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+
+
+@dataclass
+class Logprobs:
+    """The token logprobs of one chunk (OpenAI ``logprobs``), yielded after that chunk's deltas."""
+
+    items: list[TokenLogprob]
+
+
+@dataclass
+class Finish:
+    """The end of a reply. ``reason``: "stop" | "length" | "tool_calls" | "loop" | "cancelled" (tool_calls
+    when the reply made at least one complete call and ended by itself); ``stats`` the engine's;
+    ``reasoning_tokens``: completion tokens generated while the thinking block was open (its close marker
+    included); ``token_ids`` the completion's token ids."""
+
+    reason: str
+    stats: Stats
+    reasoning_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # the completion's tokens (Ollama's ``context``)
+
+
+@dataclass
+class ToolCall:
+    """A finished tool call: ``arguments`` the JSON string as generated, ``args`` the parsed object."""
+
+    id: str
+    name: str
+    arguments: str
+    args: dict
+
+
+@dataclass
+class Reply:
+    """A whole reply, gathered from the events (``collect_reply``): what a non-streaming answer shows."""
+
+    content: str = ""
+    thinking: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: Finish | None = None
+
+
+@lru_cache(maxsize=8)
+def family_of(template_source: str | None) -> Family:
+    """``dialects.detect_family``, once per template text."""
+    return detect_family(template_source)
+
+
+# ---------------------------------------------------------------------------------------------- request
+
+
+async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool_choice: str | dict | None,
+                       think: bool | None, level: str | None, budget: int | None, params: SamplingParams,
+                       raw_thinking: bool = False, template_kwargs: dict | None = None
+                       ) -> tuple[str, list[int], Family, ReplyOptions]:
+    """A chat request → (prompt text, prompt tokens, family, reply options); sets ``params``' token control.
+
+    ``messages``: dicts (role, content, tool_calls, tool_call_id, name, reasoning_content) or ``Message``s.
+    ``tools``: OpenAI-shaped tool definitions (``{"type": "function", "function": {...}}``).
+    ``tool_choice``: "none" (tools are not offered), "auto"/None, "required" or
+    ``{"type": "function", "function": {"name": N}}`` (both enforced by a constraint on the output).
+    ``think``/``level``/``budget``: the reasoning control (module docstring); ``budget`` in tokens, None:
+    the level's, else ``serve --reasoning-budget``. ``template_kwargs``: the client's own
+    (``chat_template_kwargs``), applied over the computed ones.
+    Raises RequestError (unknown tool name, tools on a template without them), ChatTemplateError,
+    ContextOverflowError."""
+    family = family_of(st.engine.template_source)
+    tools, choice = _tool_setup(st, tools, tool_choice)
+    kwargs = dict(template_kwargs or {})
+    t = family.thinking
+    if t is not None and t.toggle_kwarg and t.toggle_kwarg in kwargs and think is None:
+        think = bool(kwargs[t.toggle_kwarg])  # chat_template_kwargs.enable_thinking is the switch itself
+    if choice is not None and t is not None and t.toggle_kwarg:
+        think = False  # a forced call is the whole reply: the constraint starts at the first token
+    kwargs = {**family_template_kwargs(family, think=think, level=level), **kwargs}
+    thinking = t is not None and (think is not False or not t.toggle_kwarg)
+    if thinking and choice is None:
+        _budget_fields(params, family, think=think, level=level, budget=budget,
+                       default_budget=getattr(st.options, "reasoning_budget", None))
+    if family.name == "gpt-oss":
+        params.render_special = True  # the channel markers are the reply's structure
+    if choice is not None:
+        _tool_constraint(params, family, tools, choice, close_thinking=thinking and t.opened_by_template)
+    msgs = _history(family, messages)
+
+    def work():
+        return st.engine.tokenize_chat(msgs, tools=tools, template_kwargs=kwargs or None,
+                                       parse_special_in_content=st.options.parse_special_in_content)
+
+    text, tokens = await run_in_threadpool(work)
+    st.check_fits(tokens)
+    opts = ReplyOptions(thinking=thinking, raw_thinking=raw_thinking, tools=tools,
+                        tool_choice=choice if choice is not None else ("auto" if tools else None))
+    return text, tokens, family, opts
+
+
+def _tool_setup(st, tools: list[dict] | None, tool_choice) -> tuple[list[dict] | None, str | dict | None]:
+    """(tools for the template, forced choice: None | "required" | named dict). RequestError on a bad choice."""
+    if tool_choice == "none" or (not tools and tool_choice in (None, "auto")):
+        return None, None
+    if not tools:
+        raise RequestError("tool_choice needs 'tools' to choose from", param="tool_choice",
+                           hint="send the tools with the request, or leave tool_choice out")
+    if not st.engine.supports_tools:
+        raise RequestError(f"{st.model_id}'s chat template does not support tools", param="tools",
+                           code="tools_unsupported",
+                           hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "
+                           "or send the request without tools")
+    if tool_choice in (None, "auto"):
+        return tools, None
+    if tool_choice == "required":
+        return tools, "required"
+    name = _choice_name(tool_choice)
+    names = [(t.get("function") or {}).get("name") for t in tools]
+    if name not in names:
+        raise RequestError(f"tool_choice names the function {name!r}, which is not among the tools "
+                           f"({', '.join(map(str, names))})", param="tool_choice", code="invalid_value")
+    return tools, {"type": "function", "function": {"name": name}}
+
+
+def _choice_name(tool_choice) -> str | None:
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return fn["name"]
+        if isinstance(tool_choice.get("name"), str):
+            return tool_choice["name"]
+    raise RequestError(f"tool_choice must be 'none', 'auto', 'required' or "
+                       f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}",
+                       param="tool_choice", code="invalid_value")
+
+
+def _budget_fields(params: SamplingParams, family: Family, *, think: bool | None, level: str | None,
+                   budget: int | None, default_budget: int | None) -> None:
+    """The engine's thinking-budget fields on ``params`` (SamplingParams' token-control fields)."""
+    t = family.thinking
+    if budget is None and think is False:
+        budget = 0  # no toggle in the template: close the block at once
+    if budget is None and level is not None and level not in t.levels:
+        budget = EFFORT_BUDGET.get(level)
+    if budget is None:
+        budget = default_budget
+    params.reasoning_budget = budget
+    params.budget_close = t.budget_close
+    params.think_open, params.think_close = t.open, t.close
+    params.starts_in_thinking = t.opened_by_template
+
+
+def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], choice, *,
+                     close_thinking: bool) -> None:
+    """``params.constraint`` forcing one tool call in the family's syntax (``constrain.tool_call_constraint``,
+    issue 14). ``close_thinking``: the prompt ends inside the thinking block (DeepSeek-R1), so the
+    constraint first writes the family's close (no thinking), then the call."""
+    if getattr(params, "constraint", None) is not None or params.grammar:
+        raise RequestError("tool_choice 'required' or a named function cannot be combined with response_format",
+                           param="tool_choice", hint="drop response_format, or use tool_choice 'auto'")
+    import re
+
+    from localrun.backends.base import Constraint
+    from localrun.constrain import tool_call_constraint
+
+    name = choice["function"]["name"] if isinstance(choice, dict) else None
+    c = tool_call_constraint(family.tools, tools, name)
+    if close_thinking:
+        grammar = re.sub(r"^start:", "tool_call:", c.source, count=1, flags=re.M)
+        c = Constraint("lark", f"start: {json.dumps(family.thinking.budget_close)} tool_call\n{grammar}",
+                       param=c.param)
+    params.constraint = c
+
+
+def _history(family: Family, messages: Sequence) -> list[dict]:
+    """Messages → dicts for the template, tool calls and results normalised for the family
+    (``dialects.history``; until that exists, tool-call arguments sent as a JSON string become the object
+    that templates ``tojson``)."""
+    msgs = [m.to_dict() if hasattr(m, "to_dict") else dict(m) for m in messages]
+    try:
+        from localrun.dialects.history import normalize_history
+    except ImportError:
+        return [_with_object_arguments(m) for m in msgs]
+    return normalize_history(family, msgs)
+
+
+def _with_object_arguments(m: dict) -> dict:
+    if not m.get("tool_calls"):
+        return m
+    calls = []
+    for tc in m["tool_calls"]:
+        fn = dict(tc.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"] or "{}")
+            except ValueError:
+                pass  # not JSON: the template gets the text
+        calls.append({**tc, "type": tc.get("type", "function"), "function": fn})
+    return {**m, "tool_calls": calls}
+
+
+# ---------------------------------------------------------------------------------------------- reply
+
+
+async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None) -> AsyncIterator:
+    """The job's chunks as reply events (module docstring), ``Finish`` last. ``request``: watch it for a
+    disconnect (non-streaming answers; a stream's own send failure cancels the job). Raises the engine's
+    LocalrunErrors, ClientGone."""
+    parser = ReplyParser(family, thinking=opts.thinking, tools=bool(opts.tools), raw_thinking=opts.raw_thinking)
+    # the thinking block is open: from the prompt (DeepSeek-R1) or from the first thinking text to the answer
+    open_ = opts.thinking and family.thinking is not None and family.thinking.opened_by_template
+    n_reasoning, called, ids = 0, False, []
+    async for c in st.chunks(job, request):
+        if c.token_id is not None:
+            ids.append(c.token_id)
+        events = parser.feed(c.text) if c.text else []
+        if c.finish_reason is not None:
+            events += parser.finish()
+        thinks = any(isinstance(e, Delta) and e.channel == "thinking" for e in events)
+        answers = _answer_in(events)
+        if c.token_id is not None and (thinks or (open_ and not answers)):
+            n_reasoning += 1  # the close marker's tokens count: they are still the block's
+        open_ = (open_ or thinks) and not answers
+        called = called or any(isinstance(e, ToolCallEnd) for e in events)
+        for e in events:
+            yield e
+        if c.logprobs:
+            yield Logprobs(list(c.logprobs))
+        if c.finish_reason is not None:
+            reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
+            yield Finish(reason, c.stats or Stats(), n_reasoning, ids)
+            return
+
+
+def _answer_in(events) -> bool:
+    """Whether ``events`` hold answer text (not just whitespace) or a tool call."""
+    return any(not isinstance(e, Delta) or (e.channel == "content" and e.text.strip()) for e in events)
+
+
+async def collect_reply(events: AsyncIterator) -> Reply:
+    """Gather ``reply_events`` into one ``Reply`` (a non-streaming answer)."""
+    r = Reply()
+    content, thinking, args, calls = [], [], {}, {}
+    async for e in events:
+        if isinstance(e, Delta):
+            (thinking if e.channel == "thinking" else content).append(e.text)
+        elif isinstance(e, ToolCallStart):
+            calls[e.index] = (e.id, e.name)
+            args[e.index] = []
+        elif isinstance(e, ToolCallArgs):
+            args.setdefault(e.index, []).append(e.text)
+        elif isinstance(e, ToolCallEnd):
+            cid, name = calls[e.index]
+            r.tool_calls.append(ToolCall(cid, name, "".join(args[e.index]) or json.dumps(e.arguments), e.arguments))
+        elif isinstance(e, Logprobs):
+            r.logprobs.extend(e.items)
+        elif isinstance(e, Finish):
+            r.finish = e
+    r.content, r.thinking = "".join(content), "".join(thinking)
+    return r
