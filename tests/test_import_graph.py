@@ -4,7 +4,8 @@ Layers, bottom to top (README "How the code is laid out"):
 
 0. foundation: ``errors``, ``units``, ``config``, ``render`` — import nothing above them;
 1. model, machine, store and planner: ``model/`` (GGUF reader, catalog, chat templates), ``machine/``
-   (hardware, presets, measurements), ``store/`` (resolve, pull, download, info), ``offload/`` (pure);
+   (hardware, presets, measurements), ``store/`` (resolve, pull, download, info), ``offload/`` (pure),
+   ``dialects/`` (template families, the reply parser; pure);
 2. ``backends/`` — the Engine / BatchEngine contract and its implementations;
 3. ``loading`` — MODEL → plan → loaded engine;
 4. on top of an engine: ``server/``, ``bench/``, ``chat/`` (session, REPL, slash-command help);
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent / "localrun"
 
 LAYERS = {
     0: ("localrun", "localrun.errors", "localrun.units", "localrun.config", "localrun.render"),
-    1: ("localrun.model", "localrun.machine", "localrun.store", "localrun.offload"),
-    2: ("localrun.backends",),
+    1: ("localrun.model", "localrun.machine", "localrun.store", "localrun.offload", "localrun.dialects"),
+    2: ("localrun.backends", "localrun.constrain"),
     3: ("localrun.loading",),
     4: ("localrun.server", "localrun.bench", "localrun.chat"),
     5: ("localrun.cli", "localrun.__main__", "localrun.commands"),

@@ -112,6 +112,8 @@ def build_control(engine, params: SamplingParams) -> TokenControl | None:
         controls.append(ReasoningBudget.for_engine(engine, params))
     if params.constraint is not None:
         if _compiler is None:
+            import localrun.constrain  # noqa: F401  (registers llguidance's compiler)
+        if _compiler is None:
             raise BackendUnavailableError(
                 "constrained decoding is not available in this build (no constraint compiler registered)",
                 hint="install llguidance (pip install llguidance) or send the request without a constraint")

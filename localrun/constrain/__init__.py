@@ -1,0 +1,33 @@
+"""Constrained decoding on llguidance: the output matches a JSON schema, a regex or a grammar, token by
+token, on both engines.
+
+* ``grammar``: a ``backends.base.Constraint`` → llguidance's grammar text (``compile_grammar``), checked
+  up front (``check``): a schema keyword llguidance cannot enforce is a ``ConstraintError`` naming the
+  keyword and its JSON Pointer, never dropped.
+* ``vocab``: the llguidance tokenizer for an engine's own vocabulary (llama.cpp: the GGUF token pieces;
+  MLX: the Hugging Face tokenizer), built once per engine (≈ 0.6 s for a 49k vocabulary).
+* ``control``: ``GrammarControl``, the per-generation token control (forced tokens, mask, accept,
+  complete) the engines apply; its next mask is computed in a worker thread while the forward pass runs.
+* ``tools``: ``tool_call_constraint``: force a parseable tool call in a template family's syntax
+  (``tool_choice: required`` / a named function).
+
+Importing this package registers its compiler with ``backends.control`` (``build_control`` imports it
+when a request carries a constraint). llguidance is imported inside the functions that need it (a
+compiled extension).
+"""
+
+from localrun.backends.control import register_constraint_compiler
+from localrun.constrain.control import GrammarControl, token_control
+from localrun.constrain.grammar import JSON_OPTIONS, check, compile_grammar, gbnf_to_lark
+from localrun.constrain.tools import tool_call_constraint
+from localrun.constrain.vocab import tokenizer_for
+
+
+def _compile(engine, constraint):
+    return token_control(constraint, engine)
+
+
+register_constraint_compiler(_compile)  # backends/control.build_control compiles constraints with llguidance
+
+__all__ = ["GrammarControl", "JSON_OPTIONS", "check", "compile_grammar", "gbnf_to_lark", "token_control",
+           "tokenizer_for", "tool_call_constraint"]

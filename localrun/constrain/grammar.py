@@ -1,0 +1,159 @@
+"""``Constraint`` → llguidance grammar text, and the honesty check: what llguidance cannot enforce is a
+``ConstraintError`` naming the keyword and where it is, never a silently relaxed constraint.
+
+Kinds (``backends.base.Constraint.kind``): ``json_schema`` (a JSON Schema dict), ``json_object`` (any JSON
+object: OpenAI's JSON mode, Ollama's ``format: "json"``), ``regex`` (Rust ``regex`` syntax, anchored at
+both ends), ``lark`` (llguidance's Lark dialect, guidance-ai/llguidance docs/syntax.md), ``gbnf``
+(llama.cpp grammars/README.md; converted to Lark by llguidance's ``gbnf_to_lark``).
+
+JSON is generated on one line with ``", "`` and ``": "`` separators (``JSON_OPTIONS``): no free
+whitespace, so the value ends where it closes and JSON mode cannot run on to ``max_tokens`` in blanks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from localrun.backends.base import Constraint
+from localrun.errors import BackendUnavailableError, ConstraintError
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
+# keys under which a schema names things (property names, definitions) rather than using keywords
+_NAME_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+_DATA_KEYS = {"enum", "const", "default", "examples", "required"}  # values are data, not schemas
+
+
+def llguidance():
+    """The ``llguidance`` module, or BackendUnavailableError saying how to install it."""
+    try:
+        import llguidance as llg
+    except ImportError as e:  # pragma: no cover - a dependency; only a broken install lacks it
+        raise BackendUnavailableError(f"constrained decoding needs llguidance ({e})",
+                                      hint="pip install llguidance") from None
+    return llg
+
+
+def compile_grammar(c: Constraint) -> str:
+    """``c`` → llguidance grammar text (no tokenizer needed). Raises ConstraintError for a bad ``kind``,
+    a source of the wrong type, or a GBNF grammar llguidance's converter cannot read."""
+    llg = llguidance()
+    M = llg.LLMatcher
+    where = c.param or c.kind
+    if c.kind == "json_object":
+        return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    if c.kind == "json_schema":
+        if not isinstance(c.source, dict):
+            raise ConstraintError(f"{where}: a JSON schema must be an object, got {type(c.source).__name__}",
+                                  param=c.param, hint="send the schema as a JSON object")
+        return M.grammar_from_json_schema(c.source, defaults=JSON_OPTIONS)
+    if not isinstance(c.source, str) or not c.source:
+        raise ConstraintError(f"{where}: a {c.kind} constraint needs a non-empty string", param=c.param,
+                              hint=f"send the {c.kind} as a string")
+    if c.kind == "regex":
+        return M.grammar_from_regex(c.source)
+    if c.kind == "lark":
+        return M.grammar_from_lark(c.source)
+    if c.kind == "gbnf":
+        return M.grammar_from_lark(gbnf_to_lark(c.source, param=c.param))
+    raise ConstraintError(f"unknown constraint kind {c.kind!r} (one of {', '.join(KINDS)})", param=c.param)
+
+
+def gbnf_to_lark(gbnf: str, *, param: str = "") -> str:
+    """A llama.cpp GBNF grammar → llguidance Lark (llguidance's own converter; Lark text passes through).
+    Raises ConstraintError when it cannot convert (the caller may fall back to llama.cpp's grammar
+    sampler, which reads GBNF itself)."""
+    llguidance()
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return any_to_lark(gbnf)
+    except Exception as e:  # the converter raises its own error types and assorted parse errors
+        raise ConstraintError(f"{param or 'grammar'}: cannot convert this GBNF grammar: {e}", param=param,
+                              hint="check the grammar against llama.cpp grammars/README.md") from None
+
+
+def check(c: Constraint, tokenizer=None) -> str:
+    """Compile ``c`` and validate it (with ``tokenizer``, an ``LLTokenizer``, when given) → the grammar.
+
+    Raises ConstraintError naming what llguidance cannot enforce: an unimplemented JSON Schema keyword
+    (``keyword`` and its JSON Pointer ``path``), an unknown ``format``, an invalid regex or grammar.
+    """
+    grammar = compile_grammar(c)
+    is_error, msgs = llguidance().LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if is_error:
+        raise explain(c, msgs[0] if msgs else "invalid grammar")
+    return grammar
+
+
+def explain(c: Constraint, msg: str) -> ConstraintError:
+    """llguidance's validation message → a ConstraintError that says which keyword, where."""
+    where = c.param or c.kind
+    m = re.search(r"Unimplemented keys: \[([^\]]*)\]", msg)
+    if m and isinstance(c.source, dict):
+        keys = [k.strip().strip('"') for k in m.group(1).split(",") if k.strip()]
+        found = [(k, p) for k in keys for p in keyword_paths(c.source, k)]
+        key, path = found[0] if found else (keys[0] if keys else None, "")
+        also = sorted({f"'{k}' at {_where(p)}" for k, p in found[1:]})
+        return ConstraintError(
+            f"{where}: JSON Schema keyword '{key}' at {_where(path)} cannot be enforced by constrained "
+            "decoding" + (f"; also {', '.join(also)}" if also else ""),
+            keyword=key, path=path, param=c.param)
+    m = re.search(r"Unknown format: (\S+)", msg)
+    if m and isinstance(c.source, dict):
+        fmt = m.group(1)
+        paths = [p for p in keyword_paths(c.source, "format") if _at(c.source, p) == fmt]
+        path = paths[0] if paths else ""
+        return ConstraintError(f"{where}: string format '{fmt}' at {_where(path)} cannot be enforced by "
+                               "constrained decoding", keyword="format", path=path, param=c.param,
+                               hint="use a 'pattern' instead, or one of the formats llguidance knows "
+                               "(date-time, date, time, email, uri, uuid, ipv4, ipv6, hostname, ...)")
+    first = " ".join(msg.split())[:300] or "invalid"
+    return ConstraintError(f"{where}: cannot enforce this {c.kind.replace('_', ' ')}: {first}", param=c.param,
+                           hint="check the schema/regex/grammar; see llguidance's docs/json_schema.md and "
+                           "docs/syntax.md for what it takes")
+
+
+def keyword_paths(schema, keyword: str, path: str = "") -> list[str]:
+    """JSON Pointers of the (sub)schemas of ``schema`` that use ``keyword``, e.g. ``/properties/tags``.
+    Property names and definition names are not keywords; enum/const/default/examples values are data."""
+    out: list[str] = []
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            out += keyword_paths(item, keyword, f"{path}/{i}")
+        return out
+    if not isinstance(schema, dict):
+        return out
+    if keyword in schema:
+        out.append(path)
+    for k, v in schema.items():
+        sub = f"{path}/{_escape(k)}"
+        if k in _DATA_KEYS:
+            continue
+        if k in _NAME_MAPS and isinstance(v, dict):
+            for name, s in v.items():
+                out += keyword_paths(s, keyword, f"{sub}/{_escape(name)}")
+        elif isinstance(v, (dict, list)):
+            out += keyword_paths(v, keyword, sub)
+    return out
+
+
+def _where(pointer: str) -> str:
+    return pointer if pointer else "the schema root"
+
+
+def _escape(key: str) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _at(schema, pointer: str):
+    node = schema
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]:
+        node = node[int(part)] if isinstance(node, list) else node.get(part) if isinstance(node, dict) else None
+    return node.get("format") if isinstance(node, dict) else None
+
+
+def cache_key(c: Constraint) -> str:
+    """A string naming ``c``'s grammar (for caches): kind + canonical JSON of the source."""
+    return c.kind + "\0" + json.dumps(c.source, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,113 @@
+"""``tool_call_constraint``: a grammar that makes the model write one tool call, in its template family's
+syntax, whose arguments match the tool's JSON Schema (``tool_choice: "required"`` or a named function).
+
+Syntaxes (as ``localrun.dialects.calls`` parses them; the family names are ``dialects.Family.tools``):
+
+* ``hermes`` (Hermes, Qwen; also the default for a family without one):
+  ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``
+* ``llama3``: ``{"name": "f", "parameters": {...}}`` (bare JSON, Llama 3.1/3.2's JSON tool calling)
+* ``mistral``: ``[TOOL_CALLS][{"name": "f", "arguments": {...}}]``
+* ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\\n```json\\n{...}\\n```
+  <｜tool▁call▁end｜><｜tool▁calls▁end｜>`` (DeepSeek-R1 / V3)
+* ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
+
+Markers are matched as text (the model may write them with its control token or with ordinary
+pieces; the reply parser reads the text either way).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from localrun.backends.base import Constraint
+from localrun.constrain.grammar import JSON_OPTIONS, check
+from localrun.errors import ConstraintError
+
+SYNTAXES = ("hermes", "llama3", "mistral", "deepseek", "harmony")
+
+
+def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
+                         parallel: bool = False) -> Constraint:
+    """A ``Constraint`` (kind ``lark``) forcing a call of ``name`` (or of any tool in ``tools`` when None)
+    in the family's tool-call syntax (see the module docstring).
+
+    ``family``: a ``dialects.Family`` (its ``tools`` syntax; a thinking family's block may come first:
+    required when the template opens it, optional otherwise), or the syntax name itself, or None
+    (→ ``hermes``). ``tools``: OpenAI tool definitions (``{"type": "function", "function": {"name",
+    "parameters"}}``, or the bare function objects); the arguments follow each tool's ``parameters``
+    schema (none: any JSON object). ``parallel``: one or more calls (hermes: one block after another;
+    mistral: several in the list), else exactly one. Raises ConstraintError for an unknown syntax, no tools,
+    a ``name`` not among them, or a parameters schema llguidance cannot enforce (keyword and path named)."""
+    syntax = getattr(family, "tools", family) or "hermes"
+    if syntax not in SYNTAXES:
+        raise ConstraintError(f"no tool-call grammar for the {syntax!r} syntax (known: {', '.join(SYNTAXES)})",
+                              param="tool_choice", hint="use tool_choice 'auto' with this model")
+    fns = [t.get("function", t) if isinstance(t, dict) else {} for t in tools or []]
+    fns = [f for f in fns if isinstance(f.get("name"), str) and f["name"]]
+    if name is not None:
+        fns = [f for f in fns if f["name"] == name]
+    if not fns:
+        missing = f"no tool named {name!r}" if name is not None else "no tools"
+        raise ConstraintError(f"tool_choice needs a tool to call: {missing} in 'tools'", param="tool_choice",
+                              hint="name one of the functions listed in 'tools'")
+    for f in fns:  # an unenforceable parameters schema: 400 naming the tool, keyword and path
+        check(Constraint("json_schema", _params(f), param=f"tools[{f['name']}].function.parameters"))
+    body = _lark(syntax, fns, parallel)
+    thinking = getattr(family, "thinking", None)
+    if thinking is not None and thinking.open and thinking.close:
+        body = _with_thinking(body, thinking)
+    return Constraint("lark", body, param="tool_choice")
+
+
+def _with_thinking(body: str, t) -> str:
+    """``body`` (a Lark grammar with ``start``) preceded by the thinking block: the text up to and with the
+    first close marker (a lexeme that ends at it), then blank space. Required when the template opened the
+    block (the model is inside it), optional otherwise."""
+    close = re.escape(t.close).replace("/", "\\/")
+    think = f'THINK: /(?s:.*){close}/ & ~/(?s:.*{close}.+)/\nGAP: /[ \\t\\n]*/\n'
+    head = "THINK GAP" if t.opened_by_template else f"({json.dumps(t.open, ensure_ascii=False)} THINK GAP)?"
+    return body.replace("start:", f"start: {head} body\nbody:", 1) + think
+
+
+def _params(fn: dict) -> dict:
+    p = fn.get("parameters")
+    return p if isinstance(p, dict) and p else {"type": "object"}
+
+
+def _json(schema: dict) -> str:
+    """``%json {...}`` with localrun's JSON layout (one line, ", " and ": " separators)."""
+    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_OPTIONS}))
+
+
+def _call_schema(fn: dict, args_key: str) -> dict:
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: _params(fn)},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def _lark(syntax: str, fns: list[dict], parallel: bool) -> str:
+    def lit(s: str) -> str:
+        return json.dumps(s, ensure_ascii=False)
+
+    if syntax in ("hermes", "llama3", "mistral"):
+        key = "parameters" if syntax == "llama3" else "arguments"
+        schema = {"anyOf": [_call_schema(f, key) for f in fns]} if len(fns) > 1 else _call_schema(fns[0], key)
+        call = _json(schema)
+        if syntax == "hermes":
+            block = f'{lit("<tool_call>" + chr(10))} call {lit(chr(10) + "</tool_call>")}'
+            more = f' ({lit(chr(10))} {block})*' if parallel else ""
+            return f"start: {block}{more}\ncall: {call}\n"
+        if syntax == "llama3":
+            return f"start: call\ncall: {call}\n"
+        more = f' ({lit(", ")} call)*' if parallel else ""
+        return f'start: {lit("[TOOL_CALLS][")} call{more} {lit("]")}\ncall: {call}\n'
+    rules, alts = [], []
+    for i, f in enumerate(fns):
+        if syntax == "deepseek":
+            head = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" + f["name"] + "\n```json\n"
+            tail = "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        else:  # harmony
+            head, tail = f"<|channel|>commentary to=functions.{f['name']} <|constrain|>json<|message|>", ""
+        rules.append(f"args{i}: {_json(_params(f))}")
+        alts.append(f"{lit(head)} args{i}" + (f" {lit(tail)}" if tail else ""))
+    return "start: " + " | ".join(alts) + "\n" + "\n".join(rules) + "\n"
