@@ -14,7 +14,7 @@ Detection reads the Jinja source only (never the model's name), the way llama.cp
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,16 @@ class Thinking:
 @dataclass(frozen=True)
 class Family:
     """A template family: ``name`` ("deepseek-r1", "deepseek-v3", "qwen3", "qwq", "gpt-oss", "magistral",
-    "hermes", "llama3", "mistral", "plain"), its ``thinking`` (None: the model does not think) and its
-    tool-call syntax ``tools``: "hermes" | "llama3" | "mistral" | "deepseek" | "harmony" | None."""
+    "hermes", "llama3", "mistral", "plain"), its ``thinking`` (None: the model does not think), its
+    tool-call syntax ``tools``: "hermes" | "llama3" | "mistral" | "deepseek" | "harmony" | None, and how
+    its template wants past tool calls (``history_args``, ``null_content``)."""
 
     name: str
     thinking: Thinking | None
     tools: str | None
+    # how the template reads a past assistant turn's tool calls (history.messages_for_template):
+    history_args: str = "object"  # "object": it writes arguments | tojson; "string": it concatenates them
+    null_content: bool = False  # it tests `content is none` to render a tool-call turn (keep None, not "")
 
 
 PLAIN = Family("plain", None, None)
@@ -64,6 +68,12 @@ def detect_family(template_source: str | None) -> Family:
     src = template_source or ""
     if not src:
         return PLAIN
+    fam = _detect(src)
+    return replace(fam, history_args=_history_args(src),
+                   null_content=_null_content(src))
+
+
+def _detect(src: str) -> Family:
     tools = _tool_syntax(src)
     if "<|channel|>" in src and "analysis" in src:
         return Family("gpt-oss", _harmony_thinking(src), tools)
@@ -111,6 +121,20 @@ def _tool_syntax(src: str) -> str | None:
     if "<|python_tag|>" in src or ("<|start_header_id|>" in src and '"parameters"' in src):
         return "llama3"
     return None
+
+
+def _history_args(src: str) -> str:
+    """"string" when the template concatenates tool-call arguments as text (DeepSeek-R1's original
+    template: ``+ tool['function']['arguments'] +``), else "object" (``arguments | tojson``, or both)."""
+    if re.search(r"arguments'?\]?\s*\|\s*tojson|arguments\s+is\s+(not\s+)?string", src):
+        return "object"
+    return "string" if re.search(r"arguments'?\]?\s*\+", src) else "object"
+
+
+def _null_content(src: str) -> bool:
+    """The template branches on ``role == 'assistant' and content is [not] none`` (DeepSeek-R1's) to write
+    a tool-call turn: a null content must stay None there (elsewhere "" is what templates can read)."""
+    return re.search(r"'assistant'\s+and\s+message\['content'\]\s+is\s+(?:not\s+)?none", src) is not None
 
 
 def _generation_prompt_tail(src: str) -> str:

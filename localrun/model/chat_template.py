@@ -108,8 +108,10 @@ class ChatTemplate:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[jinja2.ext.loopcontrols, _IgnoreGeneration])
+        # a lazy sequence (`tools | map(attribute='function') | tojson`, llama.cpp's DeepSeek-R1 template) is a list
         env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
-            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                       default=_lazy_list)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
@@ -321,6 +323,13 @@ def _splice(text: str, skeleton: str, nonce: str, contents: list[str]) -> list[t
 
     tail = match(0, len(lits[0]))
     return None if tail is None else [(lits[0], False)] + tail
+
+
+def _lazy_list(o):
+    """json.dumps ``default``: a generator or other iterable (Jinja's ``map``) → list; else TypeError as usual."""
+    if hasattr(o, "__iter__"):
+        return list(o)
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
 def _raise(message: str):
