@@ -4,12 +4,14 @@ One app = one ``ServerState`` (engine, scheduler thread, metrics registry); noth
 so tests run several apps in one process. The scheduler thread starts and stops with the app's lifespan.
 
 Around every route:
-* ``_Gate`` (pure ASGI): ``Authorization: Bearer <key>`` when an API key is set (``/health`` stays open),
+* ``_Gate`` (pure ASGI): ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``) when an API
+  key is set (``/health`` stays open),
   one log line per request (method, path, status, seconds, tokens, TTFT; the prompt only with
   ``log_prompts``), and the ``localrun_requests_total`` counter;
 * exception handlers: a ``LocalrunError`` → status by type (``errors.error_info``), a pydantic
   ``ValidationError`` → 400 naming the field and quoting the value, anything else → 500; the server keeps
-  serving. Bodies are OpenAI's ``{"error": {...}}``, or Ollama's ``{"error": "..."}`` under ``/api/``.
+  serving. Bodies are OpenAI's ``{"error": {...}}``, Ollama's ``{"error": "..."}`` under ``/api/``, or
+  Anthropic's ``{"type": "error", "error": {...}}`` under ``/v1/messages`` (a full queue: 529 overloaded_error).
 
 ``GET /`` (and ``HEAD /``) answers ``Ollama is running`` as Ollama's root does, so clients that probe it
 connect. ``serve_forever`` runs the app under uvicorn and, on SIGINT/SIGTERM, ends every running
@@ -27,6 +29,7 @@ from contextlib import asynccontextmanager
 from localrun.backends import as_batch_engine
 from localrun.backends.base import Engine
 from localrun.errors import LocalrunError
+from localrun.server.anthropic_convert import error_response, is_anthropic_path
 from localrun.server.errors import QueueFullError, error_body, error_info
 from localrun.server.metrics import ServerMetrics
 from localrun.server.runtime import ClientGone, ServeOptions, ServerState
@@ -37,7 +40,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", 
 _OPEN_PATHS = {"/", "/health"}  # answered without the API key (probes)
 _KNOWN_PATHS = {"/", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
                 "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/api/embed", "/api/embeddings",
-                "/health", "/metrics"}
+                "/health", "/metrics", "/v1/messages", "/v1/messages/count_tokens"}
 
 
 def create_app(engine: Engine, settings, options: ServeOptions | None = None, *, embedder_factory=None):
@@ -51,7 +54,7 @@ def create_app(engine: Engine, settings, options: ServeOptions | None = None, *,
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response
 
-    from localrun.server import ollama_api, openai_api
+    from localrun.server import anthropic_api, ollama_api, openai_api
 
     options = options or ServeOptions(api_key=settings.api_key)
     engine = as_batch_engine(engine)
@@ -76,16 +79,18 @@ def create_app(engine: Engine, settings, options: ServeOptions | None = None, *,
     app = FastAPI(title="localrun", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.localrun = st
 
-    def _err(request, status: int, body: dict, headers: dict | None = None):
+    def _err(request, status: int, body: dict, headers: dict | None = None, *, overloaded: bool = False):
         if request.url.path.startswith("/api/"):
             body = {"error": body["error"]["message"]}
+        elif is_anthropic_path(request.url.path):
+            status, body = error_response(status, body["error"]["message"], overloaded=overloaded)
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(LocalrunError)
     async def _localrun_error(request: Request, exc: LocalrunError):
         status, body = error_info(exc)
         headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError) else None
-        return _err(request, status, body, headers)
+        return _err(request, status, body, headers, overloaded=isinstance(exc, QueueFullError))
 
     @app.exception_handler(ValidationError)
     @app.exception_handler(RequestValidationError)
@@ -129,6 +134,7 @@ def create_app(engine: Engine, settings, options: ServeOptions | None = None, *,
 
     openai_api.register(app, st)
     ollama_api.register(app, st)
+    anthropic_api.register(app, st)
 
     if options.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
@@ -229,18 +235,23 @@ class _Gate:
 
 
 def _authorized(scope, key: str) -> bool:
+    """``Authorization: Bearer <key>`` (OpenAI, Ollama) or ``x-api-key: <key>`` (Anthropic) matches ``key``."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             v = value.decode("latin-1")
-            if v.lower().startswith("bearer "):
-                return hmac.compare_digest(v[7:].strip().encode(), key.encode())
+            if v.lower().startswith("bearer ") and hmac.compare_digest(v[7:].strip().encode(), key.encode()):
+                return True
+        elif name == b"x-api-key" and hmac.compare_digest(value.strip(), key.encode()):
+            return True
     return False
 
 
 def _unauthorized_body(path: str) -> dict:
-    msg = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+    msg = "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
     if path.startswith("/api/"):
         return {"error": msg}
+    if is_anthropic_path(path):
+        return error_response(401, msg)[1]
     return error_body(msg, code="invalid_api_key")
 
 
