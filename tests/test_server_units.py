@@ -55,19 +55,9 @@ def test_error_status_by_type():
     assert error_info(RequestError("big", status=413))[0] == 413
 
 
-def test_tool_call_parsing():
+def test_template_supports_tools():
     from localrun.model.chat_template import template_supports_tools
-    from localrun.server.convert import parse_tool_calls
 
-    text, calls = parse_tool_calls(
-        'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    )
-    assert text == "Sure." and calls[0]["function"]["name"] == "get_weather"
-    assert calls[0]["function"]["arguments"] == '{"city": "Oslo"}'
-    _, calls = parse_tool_calls('{"name": "f", "parameters": {"x": 1}}')
-    assert calls[0]["function"]["name"] == "f"
-    assert parse_tool_calls("just text") == ("just text", None)
-    assert parse_tool_calls("{not json") == ("{not json", None)
     assert template_supports_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
     assert not template_supports_tools("{{ messages }}")
 
@@ -89,7 +79,7 @@ def test_request_conversion():
         }
     )
     msgs = messages_from_openai(req.messages)
-    assert msgs[0].role == "system" and msgs[0].content == "ab"
+    assert msgs[0] == {"role": "system", "content": "ab"}
     p = sampling_from_openai(req, max_tokens=7, logprobs=None)
     assert p.stop == ["END"] and p.temperature == 0 and p.max_tokens == 7 and p.logit_bias == {42: 5.0}
     with pytest.raises(RequestError):

@@ -1,13 +1,12 @@
 """Pure converters between the wire formats (``schemas.py``) and the engine's data (``backends/base.py``).
 
-No I/O, no engine, no globals: request → (``Message`` list, ``SamplingParams``, grammar), and engine
+No I/O, no engine, no globals: request → (message dicts, ``SamplingParams``, grammar), and engine
 ``Chunk``/``Stats`` → OpenAI / Ollama response dicts. Durations in Ollama's format are nanoseconds.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from localrun.backends.base import Message, SamplingParams, Stats, TokenLogprob
+from localrun.backends.base import SamplingParams, Stats, TokenLogprob
 from localrun.server.errors import RequestError
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -29,29 +28,40 @@ def _content_text(content) -> str:
     return "".join(p.text for p in content)
 
 
-def messages_from_openai(msgs) -> list[Message]:
-    """OpenAI messages → ``Message``s (``developer`` → ``system``; text parts joined).
+def messages_from_openai(msgs) -> list[dict]:
+    """OpenAI messages → the chat template's message dicts: role (``developer`` → ``system``), content (text
+    parts joined; null → ""), and where present name, tool_calls (arguments as sent: string or object),
+    tool_call_id and reasoning_content (an earlier turn's thinking: ``reasoning_content`` or ``reasoning``).
 
     Raises RequestError on an empty list or a user/system message without content.
     """
     if not msgs:
         raise RequestError("'messages' must be a non-empty list", param="messages")
-    out = []
     for i, m in enumerate(msgs):
-        text = _content_text(m.content)
         if m.content is None and m.role in ("system", "developer", "user"):
             raise RequestError(f"messages[{i}] ({m.role}) has no content", param=f"messages.{i}.content")
-        role = "system" if m.role == "developer" else m.role
-        out.append(Message(role=role, content=text, tool_calls=m.tool_calls, name=m.name))
-    return out
+    return [_message_dict(m) for m in msgs]
 
 
-def messages_from_ollama(msgs) -> list[Message]:
-    """Ollama /api/chat messages → ``Message``s. They take everything the OpenAI route takes (an
-    assistant turn with ``content: null`` and ``tool_calls``, text parts, ``developer``); missing content is
-    empty text, as in Ollama."""
-    return [Message(role="system" if m.role == "developer" else m.role, content=_content_text(m.content),
-                    tool_calls=m.tool_calls, name=m.name) for m in msgs]
+def messages_from_ollama(msgs) -> list[dict]:
+    """Ollama /api/chat messages → message dicts (as ``messages_from_openai``; ``thinking`` is the earlier
+    turn's thinking). They take everything the OpenAI route takes; missing content is empty text, as in
+    Ollama."""
+    return [_message_dict(m) for m in msgs]
+
+
+def _message_dict(m) -> dict:
+    d: dict = {"role": "system" if m.role == "developer" else m.role, "content": _content_text(m.content)}
+    if m.name:
+        d["name"] = m.name
+    if m.tool_calls:
+        d["tool_calls"] = m.tool_calls
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    thinking = m.reasoning_content or m.reasoning or getattr(m, "thinking", None)
+    if thinking:
+        d["reasoning_content"] = thinking
+    return d
 
 
 def grammar_for(response_format) -> str | None:
@@ -133,34 +143,6 @@ def sampling_from_ollama(opts, fmt, *, stop_loops: bool = False) -> SamplingPara
     return p
 
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict] | None]:
-    """Find tool calls in generated text → (remaining content, OpenAI ``tool_calls`` or None).
-
-    Understands Hermes/Qwen's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks and a
-    reply that is just such a JSON object (Llama 3.1's ``{"name": ..., "parameters": {...}}``).
-    """
-    blobs = _TOOL_CALL_RE.findall(text)
-    rest = _TOOL_CALL_RE.sub("", text).strip() if blobs else text
-    if not blobs and text.strip().startswith("{"):
-        blobs, rest = [text.strip()], ""
-    calls = []
-    for b in blobs:
-        try:
-            obj = json.loads(b)
-        except ValueError:
-            return text, None
-        if not isinstance(obj, dict) or "name" not in obj:
-            return text, None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": str(obj["name"]),
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    return rest, calls or None
-
-
 # ---------------------------------------------------------------------------------------------- OpenAI out
 
 
@@ -168,11 +150,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(stats: Stats | None) -> dict:
+def usage(stats: Stats | None, reasoning_tokens: int = 0) -> dict:
+    """OpenAI ``usage``; ``reasoning_tokens`` (completion tokens spent thinking) are part of
+    ``completion_tokens``, as in OpenAI's ``completion_tokens_details``."""
     s = stats or Stats()
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
             "total_tokens": s.prompt_tokens + s.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
 
 
 def chat_logprobs(lps: Sequence[TokenLogprob]) -> dict:
@@ -194,15 +179,26 @@ def completion_logprobs(lps: Sequence[TokenLogprob], text_offset0: int = 0) -> d
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish: str, stats: Stats | None,
-                  logprobs: list[TokenLogprob] | None = None, tool_calls: list[dict] | None = None) -> dict:
+                  logprobs: list[TokenLogprob] | None = None, tool_calls: list[dict] | None = None, *,
+                  thinking: str = "", reasoning_tokens: int = 0) -> dict:
+    """A ``chat.completion``. ``thinking`` goes to ``message.reasoning_content`` (llama-server's name) and
+    ``message.reasoning`` (Ollama's OpenAI route's), never into ``content``; ``tool_calls`` in OpenAI's
+    shape (``openai_tool_call``) set finish_reason ``tool_calls``."""
     msg: dict = {"role": "assistant", "content": text if (text or not tool_calls) else None}
+    if thinking:
+        msg["reasoning_content"] = msg["reasoning"] = thinking
     if tool_calls:
         msg["tool_calls"] = tool_calls
         finish = "tool_calls"
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": msg, "finish_reason": _finish(finish),
                          "logprobs": chat_logprobs(logprobs) if logprobs is not None else None}],
-            "usage": usage(stats)}
+            "usage": usage(stats, reasoning_tokens)}
+
+
+def openai_tool_call(call_id: str, name: str, arguments: str) -> dict:
+    """One entry of OpenAI's ``message.tool_calls``: ``arguments`` is the JSON **string**."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None,
@@ -212,9 +208,9 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | No
                          "logprobs": chat_logprobs(logprobs) if logprobs else None}]}
 
 
-def usage_chunk(rid: str, created: int, model: str, stats: Stats | None, obj: str) -> dict:
+def usage_chunk(rid: str, created: int, model: str, stats: Stats | None, obj: str, reasoning_tokens: int = 0) -> dict:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(stats)}
+            "usage": usage(stats, reasoning_tokens)}
 
 
 def completion_response(rid: str, created: int, model: str, text: str, finish: str | None,

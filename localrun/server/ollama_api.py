@@ -13,11 +13,12 @@ import time
 
 from fastapi import FastAPI, Request
 
-from localrun.backends.base import Message
 from localrun.backends.serial import serving_mode
+from localrun.dialects import Delta, ToolCallEnd, ToolCallStart
 from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError
+from localrun.server.reply import Finish, Reply, ReplyOptions, collect_reply, family_of, prepare_chat, reply_events
 from localrun.server.runtime import ServerState
 from localrun.server.schemas import OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
 
@@ -104,74 +105,51 @@ def register(app: FastAPI, st: ServerState) -> None:
                 "done": True,
             }
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
-        tools = [t.model_dump() for t in req.tools] if req.tools else None
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         for m in req.messages:
             _no_images(m.images)
         if tools and not st.engine.supports_tools:
             raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
-        msgs = cv.messages_from_ollama(req.messages)
-        prompt, tokens = await st.chat_tokens(msgs, tools)
+        think, level = _think(st, req.think)
+        prompt, tokens, family, opts = await prepare_chat(
+            st, cv.messages_from_ollama(req.messages), tools=tools, tool_choice=None, think=think, level=level,
+            budget=None, params=params)
         t0 = time.perf_counter()
         job = await st.start(request, tokens, params)
 
-        def done_line(text, c):
-            msg = {"role": "assistant", "content": text}
-            if tools:
-                content, calls = cv.parse_tool_calls(text)
-                if calls:
-                    msg = {
-                        "role": "assistant",
-                        "content": content,
-                        "tool_calls": [
-                            {
-                                "function": {
-                                    "name": tc["function"]["name"],
-                                    "arguments": json.loads(tc["function"]["arguments"]),
-                                }
-                            }
-                            for tc in calls
-                        ],
-                    }
-            return {
-                "model": st.model_id,
-                "created_at": cv.ollama_now(),
-                "message": msg,
-                **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0),
-            }
+        def line(msg: dict) -> str:
+            return _line({"model": st.model_id, "created_at": cv.ollama_now(),
+                          "message": {"role": "assistant", "content": "", **msg}, "done": False})
+
+        def done_line(r: Reply) -> dict:
+            msg: dict = {"role": "assistant", "content": r.content}
+            if r.thinking:
+                msg["thinking"] = r.thinking
+            if r.tool_calls:
+                msg["tool_calls"] = [_ollama_call(i, c.id, c.name, c.args) for i, c in enumerate(r.tool_calls)]
+            f = r.finish
+            return {"model": st.model_id, "created_at": cv.ollama_now(), "message": msg,
+                    **cv.ollama_final_fields(f.stats, _done_reason(f.reason), time.perf_counter() - t0)}
 
         if not req.stream:
-            text, last, _ = await st.collect(request, job)
-            st.note(request, last.stats, last.finish_reason, prompt)
-            return done_line(text, last)
+            r = await collect_reply(reply_events(st, job, family, opts, request))
+            st.note(request, r.finish.stats, r.finish.reason, prompt)
+            return done_line(r)
 
         async def lines():
-            held = []
+            names: dict[int, tuple[str, str]] = {}
             try:
-                async for c in st.chunks(job):
-                    if c.finish_reason is None:
-                        if tools:
-                            held.append(c.text)
-                        elif c.text:
-                            yield _line(
-                                {
-                                    "model": st.model_id,
-                                    "created_at": cv.ollama_now(),
-                                    "message": {"role": "assistant", "content": c.text},
-                                    "done": False,
-                                }
-                            )
-                    else:
-                        st.note(request, c.stats, c.finish_reason, prompt)
-                        if c.text and not tools:  # Ollama's final line carries no text
-                            yield _line(
-                                {
-                                    "model": st.model_id,
-                                    "created_at": cv.ollama_now(),
-                                    "message": {"role": "assistant", "content": c.text},
-                                    "done": False,
-                                }
-                            )
-                        yield _line(done_line("".join(held) + c.text if tools else "", c))
+                async for e in reply_events(st, job, family, opts):
+                    if isinstance(e, Delta) and e.text:
+                        yield line({"thinking": e.text} if e.channel == "thinking" else {"content": e.text})
+                    elif isinstance(e, ToolCallStart):
+                        names[e.index] = (e.id, e.name)
+                    elif isinstance(e, ToolCallEnd):  # Ollama sends a call whole, arguments as an object
+                        cid, name = names[e.index]
+                        yield line({"tool_calls": [_ollama_call(e.index, cid, name, e.arguments)]})
+                    elif isinstance(e, Finish):
+                        st.note(request, e.stats, e.reason, prompt)
+                        yield _line(done_line(Reply(finish=e)))  # Ollama's final line carries no text
             except LocalrunError as e:
                 yield _line({"error": e.message})
 
@@ -193,13 +171,19 @@ def register(app: FastAPI, st: ServerState) -> None:
         # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory
         context = st.check_token_ids(req.context or [], "context")
         if req.raw or not st.engine.has_chat_template:
+            if req.think:
+                raise RequestError("'think' needs the chat template (not raw mode)", param="think",
+                                   hint="leave 'think' out with raw prompts")
             prompt = (req.system + "\n\n" if req.system and not req.raw else "") + req.prompt
             new = await st.text_tokens(prompt, raw=req.raw)
+            family, opts = family_of(None), ReplyOptions()
         else:
-            msgs = ([Message("system", req.system)] if req.system and not context else []) + [
-                Message("user", req.prompt)
+            msgs = ([{"role": "system", "content": req.system}] if req.system and not context else []) + [
+                {"role": "user", "content": req.prompt}
             ]
-            prompt, new = await st.chat_tokens(msgs)
+            think, level = _think(st, req.think)
+            prompt, new, family, opts = await prepare_chat(st, msgs, tools=None, tool_choice=None, think=think,
+                                                           level=level, budget=None, params=params)
         bos = getattr(st.spec, "bos_token_id", None)
         if context and new and st.engine.add_bos and new[0] == bos:
             new = new[1:]  # the tokenizer added a BOS: keep only the one at the start of the context
@@ -207,48 +191,62 @@ def register(app: FastAPI, st: ServerState) -> None:
         st.check_fits(tokens, "prompt")
         t0 = time.perf_counter()
         job = await st.start(request, tokens, params)
-        out_ids: list[int] = []
 
-        def done_line(text, c):
-            return {
-                "model": st.model_id,
-                "created_at": cv.ollama_now(),
-                "response": text,
-                "context": tokens + out_ids,
-                **cv.ollama_final_fields(c.stats, c.finish_reason, time.perf_counter() - t0),
-            }
+        def done_line(r: Reply) -> dict:
+            f = r.finish
+            d = {"model": st.model_id, "created_at": cv.ollama_now(), "response": r.content}
+            if r.thinking:
+                d["thinking"] = r.thinking
+            return {**d, "context": tokens + f.token_ids,
+                    **cv.ollama_final_fields(f.stats, f.reason, time.perf_counter() - t0)}
 
         if not req.stream:
-            parts, last = [], None
-            async for c in st.chunks(job, request):
-                parts.append(c.text)
-                if c.token_id is not None:
-                    out_ids.append(c.token_id)
-                last = c
-            st.note(request, last.stats, last.finish_reason, prompt)
-            return done_line("".join(parts), last)
+            r = await collect_reply(reply_events(st, job, family, opts, request))
+            st.note(request, r.finish.stats, r.finish.reason, prompt)
+            return done_line(r)
+
+        def line(e: Delta) -> str:
+            key = "thinking" if e.channel == "thinking" else "response"
+            return _line({"model": st.model_id, "created_at": cv.ollama_now(), "response": "", key: e.text,
+                          "done": False})
 
         async def lines():
             try:
-                async for c in st.chunks(job):
-                    if c.token_id is not None:
-                        out_ids.append(c.token_id)
-                    if c.finish_reason is None:
-                        if c.text:
-                            yield _line(
-                                {"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text, "done": False}
-                            )
-                    else:
-                        st.note(request, c.stats, c.finish_reason, prompt)
-                        if c.text:  # Ollama's final line carries no text
-                            yield _line(
-                                {"model": st.model_id, "created_at": cv.ollama_now(), "response": c.text, "done": False}
-                            )
-                        yield _line(done_line("", c))
+                async for e in reply_events(st, job, family, opts):
+                    if isinstance(e, Delta) and e.text:
+                        yield line(e)
+                    elif isinstance(e, Finish):
+                        st.note(request, e.stats, e.reason, prompt)
+                        yield _line(done_line(Reply(finish=e)))  # Ollama's final line carries no text
             except LocalrunError as e:
                 yield _line({"error": e.message})
 
         return st.stream(job, lines(), "application/x-ndjson")
+
+
+def _think(st: ServerState, think) -> tuple[bool | None, str | None]:
+    """Ollama ``think`` (true/false, or "low"/"medium"/"high") → (think, level) for ``reply.prepare_chat``.
+    Asking a model that does not think to think is a 400, as in Ollama."""
+    if think is None:
+        return None, None
+    if family_of(st.engine.template_source).thinking is None:
+        if think is False:
+            return None, None
+        raise RequestError(f"{st.model_id} does not support thinking (its chat template has no thinking block)",
+                           param="think", code="unsupported_value", hint="leave 'think' out for this model")
+    if isinstance(think, str):
+        return True, think
+    return bool(think), None
+
+
+def _ollama_call(index: int, call_id: str, name: str, arguments: dict) -> dict:
+    """One of Ollama's ``message.tool_calls``: ``arguments`` is an object (api/types.go ``ToolCall``)."""
+    return {"id": call_id, "function": {"index": index, "name": name, "arguments": arguments}}
+
+
+def _done_reason(reason: str) -> str:
+    """Ollama's done_reason: a reply that called tools is "stop" there."""
+    return "stop" if reason == "tool_calls" else reason
 
 
 def _no_images(images) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
+from localrun.dialects import Delta, ToolCallArgs, ToolCallStart
 from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError, error_info
+from localrun.server.reply import Finish, Logprobs, collect_reply, prepare_chat, reply_events
 from localrun.server.runtime import ServerState
 from localrun.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
@@ -31,45 +33,51 @@ def register(app: FastAPI, st: ServerState) -> None:
     async def chat_completions(request: Request):
         req = await st.parse(request, ChatCompletionRequest)
         messages = cv.messages_from_openai(req.messages)
-        tools = _tools(st, req)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = cv.sampling_from_openai(req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=top,
                                          grammar=cv.grammar_for(req.response_format))
-        prompt, tokens = await st.chat_tokens(messages, tools)
+        think, level = _effort(req.reasoning_effort)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        prompt, tokens, family, opts = await prepare_chat(
+            st, messages, tools=tools, tool_choice=req.tool_choice, think=think, level=level,
+            budget=req.reasoning_budget, params=params, raw_thinking=req.reasoning_format == "none",
+            template_kwargs=req.chat_template_kwargs)
         job = await st.start(request, tokens, params)
         rid, created = cv.new_id("chatcmpl"), cv.now_s()
         if not req.stream:
-            text, last, lps = await st.collect(request, job)
-            st.note(request, last.stats, last.finish_reason, prompt)
-            content, calls = cv.parse_tool_calls(text) if tools else (text, None)
-            return cv.chat_response(rid, created, st.model_id, content, last.finish_reason, last.stats,
-                                    lps if top is not None else None, calls)
+            r = await collect_reply(reply_events(st, job, family, opts, request))
+            f = r.finish
+            st.note(request, f.stats, f.reason, prompt)
+            calls = [cv.openai_tool_call(c.id, c.name, c.arguments) for c in r.tool_calls] or None
+            return cv.chat_response(rid, created, st.model_id, r.content, f.reason, f.stats,
+                                    r.logprobs if top is not None else None, calls, thinking=r.thinking,
+                                    reasoning_tokens=f.reasoning_tokens)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
+        def chunk(delta: dict, finish: str | None = None, logprobs=None) -> str:
+            return cv.sse(cv.chat_chunk(rid, created, st.model_id, delta, finish, logprobs=logprobs))
+
         async def events():
-            yield cv.sse(cv.chat_chunk(rid, created, st.model_id, {"role": "assistant", "content": ""}))
-            held = []  # with tools, the reply is parsed for tool calls at the end
+            yield chunk({"role": "assistant", "content": ""})
+            pending = None  # the last delta, held so that its chunk's logprobs ride with it
             try:
-                async for c in st.chunks(job):
-                    if c.text or c.logprobs:
-                        if tools:
-                            held.append(c.text)
-                        else:
-                            yield cv.sse(cv.chat_chunk(rid, created, st.model_id, {"content": c.text},
-                                                       logprobs=c.logprobs))
-                    if c.finish_reason is not None:
-                        finish = c.finish_reason
-                        if tools:
-                            content, calls = cv.parse_tool_calls("".join(held))
-                            delta = {"tool_calls": [dict(tc, index=i) for i, tc in enumerate(calls)]} if calls \
-                                else {"content": content}
-                            finish = "tool_calls" if calls else finish
-                            yield cv.sse(cv.chat_chunk(rid, created, st.model_id, delta))
-                        yield cv.sse(cv.chat_chunk(rid, created, st.model_id, {}, finish))
-                        st.note(request, c.stats, c.finish_reason, prompt)
+                async for e in reply_events(st, job, family, opts):
+                    if isinstance(e, Logprobs):
+                        yield chunk(pending or {"content": ""}, logprobs=e.items)
+                        pending = None
+                        continue
+                    if pending is not None:
+                        yield chunk(pending)
+                        pending = None
+                    if isinstance(e, Finish):
+                        yield chunk({}, e.reason)
+                        st.note(request, e.stats, e.reason, prompt)
                         if include_usage:
-                            yield cv.sse(cv.usage_chunk(rid, created, st.model_id, c.stats, "chat.completion.chunk"))
+                            yield cv.sse(cv.usage_chunk(rid, created, st.model_id, e.stats, "chat.completion.chunk",
+                                                        e.reasoning_tokens))
+                    else:
+                        pending = _stream_delta(e)
             except LocalrunError as e:
                 yield cv.sse(error_info(e)[1])
             yield "data: [DONE]\n\n"
@@ -171,20 +179,27 @@ def _model_card(st: ServerState) -> dict:
     }
 
 
-def _tools(st: ServerState, req: ChatCompletionRequest) -> list[dict] | None:
-    """Tools for the chat template, or a 400 when this model's template has no tool support."""
-    if not req.tools or req.tool_choice == "none":
-        return None
-    if not st.engine.supports_tools:
-        raise RequestError(
-            f"{st.model_id}'s chat template does not support tools",
-            param="tools",
-            code="tools_unsupported",
-            hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "
-            "or send the request without tools",
-        )
-    if req.tool_choice not in (None, "auto"):
-        raise RequestError(
-            "only tool_choice 'auto' or 'none' is supported", param="tool_choice", code="unsupported_value"
-        )
-    return [t.model_dump() for t in req.tools]
+def _effort(effort: str | None) -> tuple[bool | None, str | None]:
+    """OpenAI ``reasoning_effort`` → (think, level) for ``reply.prepare_chat``."""
+    if effort is None:
+        return None, None
+    if effort == "none":
+        return False, None
+    return True, effort
+
+
+def _stream_delta(e) -> dict | None:
+    """A reply event → the ``delta`` of a ``chat.completion.chunk`` (None: nothing to send). Tool calls
+    stream as OpenAI's: the call's index, id and name first, then pieces of the arguments string."""
+    if isinstance(e, Delta):
+        if not e.text:
+            return None
+        if e.channel == "thinking":
+            return {"reasoning_content": e.text, "reasoning": e.text}
+        return {"content": e.text}
+    if isinstance(e, ToolCallStart):
+        return {"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                "function": {"name": e.name, "arguments": ""}}]}
+    if isinstance(e, ToolCallArgs) and e.text:
+        return {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]}
+    return None  # ToolCallEnd: the arguments are all sent
