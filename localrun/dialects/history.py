@@ -56,9 +56,10 @@ def _assistant(m: dict, family: Family, *, keep_thinking: bool, names: dict[str,
     content = m.get("content")
     if isinstance(content, list):
         content = _text_of(content)
-    if not keep_thinking and isinstance(content, str) and family.thinking is not None \
-            and family.thinking.close in content:
-        content = content.split(family.thinking.close)[-1].lstrip()
+    if not keep_thinking and isinstance(content, str) and family.thinking is not None:
+        for close in dict.fromkeys((family.thinking.close, "</think>")):  # tags kept by reasoning_format none
+            if close in content:
+                content = content.split(close)[-1].lstrip()
     calls = [_call(tc, family, names) for tc in (m.get("tool_calls") or [])]
     if calls:
         m["tool_calls"] = calls

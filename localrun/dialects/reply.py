@@ -107,6 +107,7 @@ class ReplyParser:
         self._lead = ""  # whitespace held at the start of the content (dropped if a block or call opens)
         self._strip_lead = False  # drop the whitespace that starts the current channel
         self._tail = ""  # trailing whitespace of thinking, held (dropped at its end)
+        self._ctail = ""  # trailing whitespace of content while tools are on, held (dropped before a call)
         self._kind = self._marker = self._body = self._header = ""
         self._index = 0
         self._pending: list[ReplyEvent] = []
@@ -135,6 +136,7 @@ class ReplyParser:
         if self._lead:
             out.append(Delta("content", self._lead))
             self._lead = ""
+        self._flush_ctail(out)
         self._tail = ""
         if self._wrap_close:
             self._emit("content", self._wrap_close, out)
@@ -197,6 +199,8 @@ class ReplyParser:
 
     def _on_marker(self, m: str, out: list[ReplyEvent]) -> None:
         mode, t = self._mode, self._think
+        if mode == "content" and m not in _CALL_STARTS.get(self._tools or "", ()) and m != "{":
+            self._flush_ctail(out)
         if mode == "call":
             self._close_call(m, out)
             if m == "[TOOL_CALLS]":
@@ -227,7 +231,7 @@ class ReplyParser:
             self._start_call("llama3_json", "")
             self._body = "{"
         elif m == "<｜tool▁calls▁begin｜>":
-            self._lead, self._mode = "", "calls"
+            self._lead, self._ctail, self._mode = "", "", "calls"  # whitespace before the calls: dropped
         else:
             self._start_call({"<tool_call>": "hermes", "<|python_tag|>": "llama3_py", "[TOOL_CALLS]": "mistral",
                               _DS_CALL: "deepseek"}[m], m)
@@ -253,8 +257,20 @@ class ReplyParser:
             if not text.strip():
                 self._lead = text
                 return
+        if self._tools:
+            text = self._ctail + text
+            body = text.rstrip()
+            self._ctail = text[len(body):]
+            if not body:
+                return
+            text = body
         out.append(Delta("content", text))
         self._started = self._started or bool(text.strip())
+
+    def _flush_ctail(self, out: list[ReplyEvent]) -> None:
+        if self._ctail:
+            out.append(Delta("content", self._ctail))
+            self._ctail = ""
 
     def _enter_thinking(self) -> None:
         self._mode, self._started, self._strip_lead, self._tail = "thinking", False, True, ""
@@ -285,8 +301,10 @@ class ReplyParser:
     # --- tool calls --------------------------------------------------------------------------------
 
     def _start_call(self, kind: str, marker: str) -> None:
-        self._lead = ""
-        self._mode, self._kind, self._marker, self._body = "call", kind, marker, ""
+        # whitespace before a call is dropped, unless the call turns out malformed (then it is content)
+        self._marker = self._lead + self._ctail + marker
+        self._lead = self._ctail = ""
+        self._mode, self._kind, self._body = "call", kind, ""
 
     def _try_complete(self, out: list[ReplyEvent]) -> str | None:
         """Calls without an end marker complete with their JSON: emit them; return the text after it."""
