@@ -253,20 +253,15 @@ async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None
     disconnect (non-streaming answers; a stream's own send failure cancels the job). Raises the engine's
     LocalrunErrors, ClientGone."""
     parser = ReplyParser(family, thinking=opts.thinking, tools=bool(opts.tools), raw_thinking=opts.raw_thinking)
-    # the thinking block is open: from the prompt (DeepSeek-R1) or from the first thinking text to the answer
-    open_ = opts.thinking and family.thinking is not None and family.thinking.opened_by_template
-    n_reasoning, called, ids = 0, False, []
+    counter = _ReasoningCounter(family, opts)
+    called, ids = False, []
     async for c in st.chunks(job, request):
         if c.token_id is not None:
             ids.append(c.token_id)
         events = parser.feed(c.text) if c.text else []
         if c.finish_reason is not None:
             events += parser.finish()
-        thinks = any(isinstance(e, Delta) and e.channel == "thinking" for e in events)
-        answers = _answer_in(events)
-        if c.token_id is not None and (thinks or (open_ and not answers)):
-            n_reasoning += 1  # the close marker's tokens count: they are still the block's
-        open_ = (open_ or thinks) and not answers
+        counter.add(c.text, c.token_id is not None, _answer_in(events))
         called = called or any(isinstance(e, ToolCallEnd) for e in events)
         for e in events:
             yield e
@@ -274,8 +269,37 @@ async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None
             yield Logprobs(list(c.logprobs))
         if c.finish_reason is not None:
             reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
-            yield Finish(reason, c.stats or Stats(), n_reasoning, ids)
+            yield Finish(reason, c.stats or Stats(), counter.n_tokens, ids)
             return
+
+
+class _ReasoningCounter:
+    """Completion tokens inside the thinking block, its markers included, read from the raw text (so
+    ``reasoning_format: none`` counts the same): from the open marker (or the prompt, when the template
+    opened the block) to the token that completes the close marker."""
+
+    def __init__(self, family: Family, opts: ReplyOptions) -> None:
+        self.t = family.thinking
+        self.done = not opts.thinking or self.t is None
+        self.open = not self.done and self.t.opened_by_template
+        self.tail = ""  # the recent raw text: enough to find a marker cut over several tokens
+        self.n_tokens = 0
+
+    def add(self, text: str, is_token: bool, answered: bool) -> None:
+        if self.done:
+            return
+        self.tail += text
+        if not self.open:
+            if self.t.open not in self.tail:
+                self.done = answered  # the model answered without thinking
+                self.tail = self.tail[-len(self.t.open):]
+                return
+            self.open = True
+            self.tail = self.tail[self.tail.index(self.t.open) + len(self.t.open):]
+        self.n_tokens += is_token
+        if self.t.close in self.tail:
+            self.done = True
+        self.tail = self.tail[-len(self.t.close):]
 
 
 def _answer_in(events) -> bool:

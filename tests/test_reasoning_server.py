@@ -1,0 +1,168 @@
+"""Thinking through a real server (issue 13): SmolLM2 served with Qwen's QwQ-32B chat template
+(tests/data/templates/Qwen-QwQ-32B.jinja: ChatML, SmolLM2's own markers; the generation prompt opens
+``<think>`` itself; ``enable_thinking`` turns it off). Whatever SmolLM2 writes after the prompt is its
+thinking until the engine's thinking budget runs out and forces ``\\n</think>\\n\\n``; then it answers. So the
+splitter runs on token pieces the model really emitted, on real boundaries.
+
+Asserted as properties (CPU-independent): streaming equals non-streaming at temperature 0, no closing tag in
+the answer, the raw form (``reasoning_format: none``) is the split form with its tags, reasoning tokens stay
+within the budget plus the injected close, thinking on/off per request."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import ServerThread
+
+openai = pytest.importorskip("openai")
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+STORY = [{"role": "user", "content": "Write a long story about a cat named Tom."}]
+BUDGET = 10  # serve --reasoning-budget
+CLOSE = "\n</think>\n\n"  # what the engine forces when the budget runs out (QwQ's transition)
+
+
+@pytest.fixture(scope="module")
+def server(smollm_path, tmp_path_factory):
+    from localrun.backends import load_engine
+    from localrun.config import Settings
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=1024, n_parallel=2)
+    plan.n_threads = plan.n_threads_batch = 1
+    engine = load_engine(smollm_path, plan, chat_template=(TEMPLATES / "Qwen-QwQ-32B.jinja").read_text())
+    home = tmp_path_factory.mktemp("reasoning_home")
+    app = create_app(engine, Settings(home=home, models_dir=home / "models"),
+                     ServeOptions(plan=plan, reasoning_budget=BUDGET))
+    srv = ServerThread(app)
+    srv.engine = engine
+    yield srv
+    srv.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=300, max_retries=0)
+
+
+def _extra(obj, name: str):
+    """A field the openai client's models do not declare (reasoning_content, reasoning)."""
+    return (obj.model_extra or {}).get(name)
+
+
+def full_and_streamed(client, **kw):
+    """The same greedy request plain and streamed → (plain response, streamed content, thinking, finish,
+    usage); the streamed ``reasoning`` must mirror ``reasoning_content`` piece by piece."""
+    full = client.chat.completions.create(model="x", temperature=0, **kw)
+    content, thinking, finish, usage = [], [], None, None
+    for ch in client.chat.completions.create(model="x", temperature=0, stream=True,
+                                             stream_options={"include_usage": True}, **kw):
+        usage = ch.usage or usage
+        for c in ch.choices:
+            content.append(c.delta.content or "")
+            piece = _extra(c.delta, "reasoning_content") or ""
+            assert (_extra(c.delta, "reasoning") or "") == piece
+            thinking.append(piece)
+            finish = c.finish_reason or finish
+    return full, "".join(content), "".join(thinking), finish, usage
+
+
+def test_thinking_split_streaming_equals_full(client):
+    full, content, thinking, finish, usage = full_and_streamed(client, messages=STORY, max_tokens=40)
+    msg = full.choices[0].message
+    think = _extra(msg, "reasoning_content")
+    assert think and _extra(msg, "reasoning") == think  # both names, same text
+    assert msg.content  # the model answered after the forced close
+    assert "</think>" not in msg.content and "<think>" not in msg.content
+    assert (content, thinking, finish) == (msg.content, think, full.choices[0].finish_reason)
+    assert usage.completion_tokens == full.usage.completion_tokens
+    assert usage.completion_tokens_details.reasoning_tokens == full.usage.completion_tokens_details.reasoning_tokens
+
+
+def test_budget_bounds_the_thinking(client, server):
+    n_close = len(server.engine.tokenize(CLOSE, add_special=False, parse_special=True))
+    for budget in (4, 12):
+        r = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=48,
+                                           extra_body={"reasoning_budget": budget})
+        n = r.usage.completion_tokens_details.reasoning_tokens
+        assert budget <= n <= budget + n_close, (budget, n)
+        think = _extra(r.choices[0].message, "reasoning_content")
+        assert len(server.engine.tokenize(think, add_special=False)) <= budget + 2
+        assert r.choices[0].message.content and "</think>" not in r.choices[0].message.content
+
+
+def test_reasoning_format_none_keeps_the_tags(client):
+    split = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=40)
+    raw = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=40,
+                                         extra_body={"reasoning_format": "none"})
+    think, answer, text = _extra(split.choices[0].message, "reasoning_content"), split.choices[0].message.content, \
+        raw.choices[0].message.content
+    assert _extra(raw.choices[0].message, "reasoning_content") is None
+    assert "</think>" in text
+    before, after = text.split("</think>", 1)
+    assert think in before and after.strip() == answer.strip()
+
+
+def test_thinking_off_per_request(client):
+    on = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=16)
+    off = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=16,
+                                         reasoning_effort="none")
+    kw = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=16,
+                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert _extra(on.choices[0].message, "reasoning_content")
+    for r in (off, kw):
+        assert _extra(r.choices[0].message, "reasoning_content") is None and r.choices[0].message.content
+        assert r.usage.completion_tokens_details.reasoning_tokens == 0
+        # QwQ's template writes "</think>" into the prompt when thinking is off
+        assert r.usage.prompt_tokens > on.usage.prompt_tokens
+    assert off.choices[0].message.content == kw.choices[0].message.content
+
+
+def test_effort_level_is_a_budget(client):
+    """QwQ takes no levels: "low" is a 512-token budget, more than max_tokens, so it thinks to the end."""
+    r = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=20,
+                                       reasoning_effort="low")
+    assert r.choices[0].finish_reason == "length" and not r.choices[0].message.content
+    assert r.usage.completion_tokens_details.reasoning_tokens == r.usage.completion_tokens
+
+
+def _ollama_stream(server, path: str, body: dict) -> tuple[dict, list[dict]]:
+    with httpx.stream("POST", server.url + path, json=body, timeout=300) as resp:
+        assert resp.status_code == 200
+        lines = [json.loads(x) for x in resp.iter_lines() if x]
+    return lines[-1], lines[:-1]
+
+
+def test_ollama_think(server):
+    body = {"messages": STORY, "options": {"temperature": 0, "num_predict": 40}}
+    full = httpx.post(server.url + "/api/chat", json={**body, "stream": False, "think": True}, timeout=300).json()
+    msg = full["message"]
+    assert msg["thinking"] and msg["content"] and "</think>" not in msg["content"]
+    last, lines = _ollama_stream(server, "/api/chat", {**body, "think": True})
+    assert "".join(x["message"].get("thinking", "") for x in lines) == msg["thinking"]
+    assert "".join(x["message"]["content"] for x in lines) == msg["content"]
+    assert last["done"] and last["message"]["content"] == "" and last["eval_count"] == full["eval_count"]
+    off = httpx.post(server.url + "/api/chat", json={**body, "stream": False, "think": False}, timeout=300).json()
+    assert "thinking" not in off["message"] and off["message"]["content"]
+    gen = {"prompt": STORY[0]["content"], "options": {"temperature": 0, "num_predict": 40}, "think": True}
+    g = httpx.post(server.url + "/api/generate", json={**gen, "stream": False}, timeout=300).json()
+    assert (g["thinking"], g["response"].strip()) == (msg["thinking"], msg["content"].strip())
+    last, lines = _ollama_stream(server, "/api/generate", gen)
+    assert "".join(x.get("thinking", "") for x in lines) == g["thinking"]
+    assert "".join(x["response"] for x in lines) == g["response"]
+    assert last["context"] == g["context"]
+
+
+def test_bad_think_values(server):
+    r = httpx.post(server.url + "/api/chat", json={"messages": STORY, "think": "max"}, timeout=60)
+    assert r.status_code == 400 and "think" in r.json()["error"]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": STORY, "reasoning_effort": "huge"},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort"
