@@ -320,8 +320,8 @@ def _canonical(events) -> list:
 
 
 def _cuts(text: str, seed: int):
-    """Every 2-piece cut; every 3-piece cut with both cuts in or next to one marker (at most 8 apart); one
-    piece per character; 50 random cuts into 2-12 pieces."""
+    """Every 2-piece cut; every 3-piece cut with both cuts in or next to one marker (at most 6 apart); one
+    piece per character; 30 random cuts into 2-12 pieces."""
     import random
 
     n = len(text)
@@ -333,10 +333,10 @@ def _cuts(text: str, seed: int):
                    for j in range(max(1, k - 1), min(n, k + len(m) + 1))})
     for a_i, a in enumerate(near):
         for b in near[a_i + 1:]:
-            if b - a <= 8:  # a marker (or a marker and its neighbour) cut into three
+            if b - a <= 6:  # a marker (or a marker and its neighbour) cut into three
                 yield [text[:a], text[a:b], text[b:]]
     rng = random.Random(seed)
-    for _ in range(50):
+    for _ in range(30):
         points = sorted(rng.sample(range(1, n), min(n - 1, rng.randint(1, 11))))
         yield [text[i:j] for i, j in zip([0] + points, points + [n])]
 
