@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localrun.model.gguf_info import ModelSpec
+from localrun.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from localrun.backends.base import Engine

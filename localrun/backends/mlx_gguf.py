@@ -234,7 +234,7 @@ def _requantize_all(path: str, spec, requantized: dict[str, int]) -> dict:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from localrun.model.gguf_info import ggml_type_info
+    from localrun.model.spec import ggml_type_info
 
     out: dict[str, Any] = {}
     mm = np.memmap(path, dtype=np.uint8, mode="r")

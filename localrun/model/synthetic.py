@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from localrun.model.gguf_info import FILE_TYPES, GGML_TYPES, ModelSpec, TensorInfo, ggml_type_id
+from localrun.model.spec import FILE_TYPES, GGML_TYPES, ModelSpec, TensorInfo, ggml_type_id
 
 # ftype → (base type, output type, attn_v rule, ffn_down rule). Rules: "more" = Q6_K on use_more_bits
 # layers; "q3km" = Q3_K_M's schedule; None = base type.

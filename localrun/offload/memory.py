@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from localrun.model.gguf_info import GGML_TYPES, ModelSpec
+from localrun.model.spec import GGML_TYPES, ModelSpec
 
 MiB = 1 << 20
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
