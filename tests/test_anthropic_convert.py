@@ -91,9 +91,13 @@ def test_tools_and_tool_choice_map_to_openai():
 
 
 def test_thinking_maps_to_the_one_reasoning_control():
-    assert ac.reasoning_from_anthropic(req()) == (None, None)
-    assert ac.reasoning_from_anthropic(req(thinking={"type": "enabled", "budget_tokens": 40})) == (True, 40)
-    assert ac.reasoning_from_anthropic(req(thinking={"type": "disabled"})) == (False, None)
+    assert ac.reasoning_from_anthropic(req()) == (None, None, None)
+    assert ac.reasoning_from_anthropic(req(thinking={"type": "enabled", "budget_tokens": 40})) == (True, None, 40)
+    assert ac.reasoning_from_anthropic(req(thinking={"type": "disabled"})) == (False, None, None)
+    assert ac.reasoning_from_anthropic(req(thinking={"type": "adaptive", "display": "omitted"})) == (True, None, None)
+    assert ac.reasoning_from_anthropic(req(output_config={"effort": "max"})) == (True, "high", None)
+    assert ac.reasoning_from_anthropic(req(thinking={"type": "disabled"}, output_config={"effort": "low"})) == \
+        (False, None, None)
     with pytest.raises(RequestError, match="greater than thinking.budget_tokens"):
         ac.reasoning_from_anthropic(req(thinking={"type": "enabled", "budget_tokens": 64}))
     with pytest.raises(RequestError, match="budget_tokens is required"):
@@ -101,7 +105,7 @@ def test_thinking_maps_to_the_one_reasoning_control():
     # count_tokens has no max_tokens: any budget is fine there
     ct = CountTokensRequest.model_validate({"messages": [{"role": "user", "content": "x"}],
                                             "thinking": {"type": "enabled", "budget_tokens": 5000}})
-    assert ac.reasoning_from_anthropic(ct) == (True, 5000)
+    assert ac.reasoning_from_anthropic(ct) == (True, None, 5000)
 
 
 def test_sampling_takes_anthropic_defaults_and_fields():
@@ -109,6 +113,10 @@ def test_sampling_takes_anthropic_defaults_and_fields():
     assert p.max_tokens == 64 and list(p.stop) == ["\n\nHuman:"]
     assert p.temperature == 0 and p.top_k == 5 and p.top_p == 1.0 and p.min_p == 0.0
     assert ac.sampling_from_anthropic(req()).temperature == 1.0  # Anthropic's default
+    assert ac.sampling_from_anthropic(req()).constraint is None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    c = ac.sampling_from_anthropic(req(output_config={"format": {"type": "json_schema", "schema": schema}})).constraint
+    assert (c.kind, c.source, c.param) == ("json_schema", schema, "output_config.format.schema")
 
 
 @pytest.mark.parametrize("body, needle", [

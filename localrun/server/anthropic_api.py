@@ -86,11 +86,11 @@ async def _prepare(st: ServerState, req):
     if prefill is not None:
         history = history[:-1]
     tools, choice = ac.tools_from_anthropic(req)
-    think, budget = ac.reasoning_from_anthropic(req)
+    think, level, budget = ac.reasoning_from_anthropic(req)
     params = ac.sampling_from_anthropic(req, stop_loops=st.options.stop_loops) if isinstance(req, MessagesRequest) \
         else SamplingParams()
     prompt, tokens, family, opts = await prepare_chat(st, history, tools=tools, tool_choice=choice, think=think,
-                                                      level=None, budget=budget, params=params)
+                                                      level=level, budget=budget, params=params)
     if prefill:
         from starlette.concurrency import run_in_threadpool
 

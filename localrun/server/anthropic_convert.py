@@ -18,7 +18,7 @@ import json
 import uuid
 from typing import Any
 
-from localrun.backends.base import SamplingParams
+from localrun.backends.base import Constraint, SamplingParams
 from localrun.server.errors import RequestError
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -129,18 +129,21 @@ def tools_from_anthropic(req) -> tuple[list[dict] | None, str | dict | None]:
     return tools, {"type": "function", "function": {"name": choice.name}}
 
 
-def reasoning_from_anthropic(req) -> tuple[bool | None, int | None]:
-    """``thinking`` → (think, budget tokens) for ``reply.prepare_chat``: ``enabled`` → (True, budget_tokens);
-    ``disabled`` → (False, None); ``adaptive`` → (True, None); absent → (None, None), the model's default.
-    Raises RequestError when ``budget_tokens`` is missing or not below ``max_tokens`` (Anthropic's rule:
-    thinking counts toward ``max_tokens``)."""
+def reasoning_from_anthropic(req) -> tuple[bool | None, str | None, int | None]:
+    """``thinking`` and ``output_config.effort`` → (think, level, budget tokens) for ``reply.prepare_chat``:
+    ``enabled`` → (True, budget_tokens); ``disabled`` → think False; ``adaptive``/``between_tools`` → think
+    True, no budget; absent → think None, the model's default. ``effort`` low/medium/high is the level
+    (``xhigh``/``max`` → high). Raises RequestError when ``budget_tokens`` is missing or not below
+    ``max_tokens`` (Anthropic's rule: thinking counts toward ``max_tokens``)."""
+    effort = req.output_config.effort if req.output_config is not None else None
+    level = {"xhigh": "high", "max": "high"}.get(effort, effort)
     t = req.thinking
     if t is None:
-        return None, None
+        return (True if level else None), level, None
     if t.type == "disabled":
-        return False, None
-    if t.type == "adaptive":
-        return True, None
+        return False, None, None
+    if t.type != "enabled":
+        return True, level, None
     if t.budget_tokens is None:
         raise RequestError("thinking.budget_tokens is required when thinking is enabled",
                            param="thinking.budget_tokens")
@@ -149,11 +152,12 @@ def reasoning_from_anthropic(req) -> tuple[bool | None, int | None]:
         raise RequestError(f"max_tokens ({max_tokens}) must be greater than thinking.budget_tokens "
                            f"({t.budget_tokens}): thinking counts toward max_tokens",
                            param="thinking.budget_tokens")
-    return True, t.budget_tokens
+    return True, level, t.budget_tokens
 
 
 def sampling_from_anthropic(req, *, stop_loops: bool = False) -> SamplingParams:
-    """``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` → ``SamplingParams``.
+    """``max_tokens``, ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``output_config.format``
+    (a JSON-schema ``Constraint``) → ``SamplingParams``.
     Anthropic's defaults where the request leaves them out: temperature 1.0, no top-p / top-k cut (top_k 0 is
     llama.cpp's "off", top_p 1.0), no min-p."""
     p = SamplingParams(max_tokens=req.max_tokens, stop=[s for s in (req.stop_sequences or []) if s],
@@ -162,6 +166,9 @@ def sampling_from_anthropic(req, *, stop_loops: bool = False) -> SamplingParams:
         v = getattr(req, name)
         if v is not None:
             setattr(p, name, v)
+    fmt = req.output_config.format if req.output_config is not None else None
+    if fmt is not None:
+        p.constraint = Constraint("json_schema", fmt.schema_, "output_config.format.schema")
     return p
 
 

@@ -167,23 +167,38 @@ class ToolChoice(_Base):
 
 class ThinkingConfig(_Base):
     """``{"type": "enabled", "budget_tokens": N}`` (N ≥ 1; Anthropic asks for ≥ 1024, localrun takes any
-    positive budget as small models think briefly) or ``{"type": "disabled"}``; ``adaptive`` lets the
-    model decide (no budget)."""
+    positive budget as small models think briefly), ``{"type": "disabled"}``, or ``adaptive`` /
+    ``between_tools`` (the model decides: thinking on, no budget). ``display`` is accepted and ignored."""
 
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: StrictInt | None = Field(default=None, gt=0, le=INT32_MAX)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputFormat(_Base):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Base):
+    """``effort`` (a reasoning level: ``xhigh``/``max`` are read as ``high``) and ``format`` (structured
+    output: the reply's text must match the JSON schema, enforced by constrained decoding)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
 
 
 class _MessagesBase(_Base):
-    _ignored = frozenset({"metadata", "service_tier", "container", "mcp_servers",
-                                                   "context_management", "betas", "inference_geo", "output_config",
-                                                   "cache_control"})
+    _ignored = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management", "betas",
+                          "inference_geo", "cache_control", "speed", "diagnostics", "user_profile_id",
+                          "workspace_id"})
     model: str | None = None
     messages: list[MessageParam] = Field(min_length=1)
     system: Union[str, list[TextBlock], None] = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 class CountTokensRequest(_MessagesBase):
