@@ -91,7 +91,8 @@ def test_request_conversion():
             logprobs=None,
         )
     p = sampling_from_ollama(OllamaOptions(num_predict=-1, temperature=0.2, stop=["\n"]), "json")
-    assert p.max_tokens is None and p.temperature == 0.2 and p.stop == ["\n"] and "root" in p.grammar
+    assert p.max_tokens is None and p.temperature == 0.2 and p.stop == ["\n"] and p.grammar is None
+    assert p.constraint is not None and p.constraint.kind == "json_object"  # Ollama's JSON mode (llguidance)
 
 
 def test_queue_is_bounded(smollm_engine):

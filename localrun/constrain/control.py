@@ -100,19 +100,23 @@ class GrammarControl:
 
     def complete(self) -> bool:
         """True when the output matches and nothing but end of generation may follow."""
-        return self.matcher.is_stopped()
+        return self._stopped
 
     def accepting(self) -> bool:
         """True when the output so far is a complete match (more may still follow)."""
-        return self.matcher.is_accepting()
+        return self._accepting
 
     def close(self) -> None:
         """Wait for a pending mask (the matcher must not be freed under the worker)."""
         self._wait()
 
     def _advance(self) -> None:
-        self._forced = [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
-        self._mask = None if (self._forced or self.matcher.is_stopped()) else _pool().submit(self._compute)
+        """Read the matcher's state, then start the next mask in the worker (which borrows the matcher
+        until it is done: nothing else touches it before ``_wait``)."""
+        m = self.matcher
+        self._stopped, self._accepting = m.is_stopped(), m.is_accepting()
+        self._forced = [] if self._stopped else list(m.compute_ff_tokens())
+        self._mask = None if (self._forced or self._stopped) else _pool().submit(self._compute)
 
     def _wait(self) -> None:
         if self._mask is not None:

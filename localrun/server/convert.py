@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from localrun.backends.base import SamplingParams, Stats, TokenLogprob
+from localrun.backends.base import Constraint, SamplingParams, Stats, TokenLogprob
 from localrun.server.errors import RequestError
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -64,29 +64,73 @@ def _message_dict(m) -> dict:
     return d
 
 
-def grammar_for(response_format) -> str | None:
-    """``response_format`` → GBNF (llama-cpp-python's JSON_GBNF / json_schema_to_gbnf, a port of
-    llama.cpp's examples/json_schema_to_grammar.py). Raises RequestError on a schema it cannot convert."""
-    if response_format is None or response_format.type == "text":
-        return None
-    from llama_cpp.llama_grammar import JSON_GBNF
+def constraint_for(req) -> tuple[Constraint | None, str | None]:
+    """A request's structured-output fields → (``Constraint`` for llguidance, or None; GBNF for llama.cpp's
+    own grammar sampler, or None). At most one of: OpenAI ``response_format`` (``json_object``,
+    ``json_schema`` with ``strict``, llama-server's ``{"type": "json_object", "schema": ...}``), llama-server's
+    ``json_schema`` and ``grammar`` (GBNF, converted to llguidance's Lark; one llguidance cannot take goes to
+    llama.cpp's grammar sampler, llama.cpp backend only), localrun's ``regex``. Checked here, so what cannot
+    be enforced is a 400 before anything runs (``ConstraintError``: keyword and JSON Pointer).
 
-    if response_format.type == "json_object":
-        return JSON_GBNF
-    js = response_format.json_schema
+    ``strict`` does not change enforcement: a schema is always enforced exactly or refused.
+    Raises RequestError when two are given or a json_schema has no schema, ConstraintError."""
+    from localrun.constrain import check, gbnf_to_lark
+    from localrun.errors import ConstraintError
+
+    rf = getattr(req, "response_format", None)
+    given = [(name, v) for name, v in (("response_format", rf if rf is not None and rf.type != "text" else None),
+                                       ("json_schema", getattr(req, "json_schema", None)),
+                                       ("grammar", getattr(req, "grammar", None) or None),
+                                       ("regex", getattr(req, "regex", None) or None)) if v is not None]
+    if len(given) > 1:
+        raise RequestError(f"{given[0][0]} and {given[1][0]} both constrain the output: send one",
+                           param=given[1][0])
+    if not given:
+        return None, None
+    field, value = given[0]
+    if field == "response_format":
+        c = _response_format_constraint(value)
+    elif field == "json_schema":
+        c = Constraint("json_schema", value, param="json_schema")
+    elif field == "regex":
+        c = Constraint("regex", value, param="regex")
+    else:
+        try:
+            c = Constraint("lark", gbnf_to_lark(value, param="grammar"), param="grammar")
+            check(c)
+        except ConstraintError:
+            return None, value  # llama.cpp's grammar sampler reads it (or says it does not parse)
+        return c, None
+    check(c)
+    return c, None
+
+
+def _response_format_constraint(rf) -> Constraint:
+    if rf.type == "json_object":
+        if rf.schema_ is not None:  # llama-server: {"type": "json_object", "schema": {...}}
+            return Constraint("json_schema", rf.schema_, param="response_format.schema")
+        return Constraint("json_object", param="response_format")
+    js = rf.json_schema
     if js is None or js.schema_ is None:
         raise RequestError("response_format json_schema needs json_schema.schema",
-                           param="response_format.json_schema")
-    return schema_grammar(js.schema_, "response_format.json_schema.schema")
+                           param="response_format.json_schema",
+                           hint='send {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+    return Constraint("json_schema", js.schema_, param="response_format.json_schema.schema")
 
 
-def schema_grammar(schema: dict, param: str) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+def format_constraint(fmt) -> Constraint | None:
+    """Ollama's ``format``: ``"json"`` (any JSON object) or a JSON Schema → a checked ``Constraint``; ""
+    or None → None. Raises ConstraintError for what cannot be enforced."""
+    from localrun.constrain import check
 
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as e:  # the converter raises assorted errors on schemas it does not handle
-        raise RequestError(f"cannot turn this JSON schema into a grammar: {e}", param=param) from None
+    if fmt == "json":
+        c = Constraint("json_object", param="format")
+    elif isinstance(fmt, dict):
+        c = Constraint("json_schema", fmt, param="format")
+    else:
+        return None
+    check(c)
+    return c
 
 
 def _logit_bias(raw: dict | None) -> dict[int, float]:
@@ -105,15 +149,17 @@ _PENALTY_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_p
 
 
 def sampling_from_openai(req, *, max_tokens: int | None, logprobs: int | None,
-                         grammar: str | None = None, stop_loops: bool = False) -> SamplingParams:
+                         stop_loops: bool = False) -> SamplingParams:
     """OpenAI sampling fields → ``SamplingParams``; unset fields keep llama.cpp's defaults (no DRY, no
-    repeat penalty) and ``stop_loops`` (``serve --stop-loops``) unless the request sets it."""
+    repeat penalty) and ``stop_loops`` (``serve --stop-loops``) unless the request sets it. The
+    structured-output fields become ``constraint`` / ``grammar`` (``constraint_for``)."""
     if req.n != 1:
         raise RequestError("n > 1 is not supported: send separate requests (they are batched together)",
                            param="n", code="unsupported_value")
+    constraint, grammar = constraint_for(req)
     p = SamplingParams(max_tokens=max_tokens, stop=list(req.stop or []), logprobs=logprobs, grammar=grammar,
                        logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos),
-                       stop_loops=stop_loops)
+                       stop_loops=stop_loops, constraint=constraint)
     for f in _PENALTY_FIELDS:
         v = getattr(req, f)
         if v is not None:
@@ -122,7 +168,8 @@ def sampling_from_openai(req, *, max_tokens: int | None, logprobs: int | None,
 
 
 def sampling_from_ollama(opts, fmt, *, stop_loops: bool = False) -> SamplingParams:
-    """Ollama ``options`` + ``format`` → ``SamplingParams`` (``num_predict`` -1/-2/None = unlimited)."""
+    """Ollama ``options`` + ``format`` → ``SamplingParams`` (``num_predict`` -1/-2/None = unlimited;
+    ``format`` → ``constraint``, see ``format_constraint``)."""
     p = SamplingParams(stop_loops=stop_loops)
     if opts is not None:
         for f in _PENALTY_FIELDS:
@@ -134,12 +181,7 @@ def sampling_from_ollama(opts, fmt, *, stop_loops: bool = False) -> SamplingPara
         elif opts.num_predict == 0:
             raise RequestError("options.num_predict must be > 0 (or -1 for unlimited)", param="options.num_predict")
         p.stop = [s for s in (opts.stop or []) if s]
-    if fmt == "json":
-        from llama_cpp.llama_grammar import JSON_GBNF
-
-        p.grammar = JSON_GBNF
-    elif isinstance(fmt, dict):
-        p.grammar = schema_grammar(fmt, "format")
+    p.constraint = format_constraint(fmt)
     return p
 
 

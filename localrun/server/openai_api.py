@@ -35,8 +35,7 @@ def register(app: FastAPI, st: ServerState) -> None:
         messages = cv.messages_from_openai(req.messages)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = cv.sampling_from_openai(req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=top,
-                                         grammar=cv.grammar_for(req.response_format))
+        params = cv.sampling_from_openai(req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=top)
         think, level = _effort(req.reasoning_effort)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         prompt, tokens, family, opts = await prepare_chat(

@@ -76,8 +76,11 @@ class JsonSchemaFormat(_Base):
 
 
 class ResponseFormat(_Base):
+    """OpenAI's ``response_format``; ``schema`` is llama-server's ``{"type": "json_object", "schema": ...}``."""
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
 class FunctionDef(_Base):
@@ -121,6 +124,11 @@ class _SamplingFields(_Base):
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(default=1, ge=1)
     ignore_eos: StrictBool = False  # llama-server's / vLLM's extension
+    # structured output (at most one; convert.constraint_for): llama-server's JSON Schema and GBNF fields,
+    # and localrun's regex extension (Rust regex syntax, the whole output must match)
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    regex: str | None = None
 
     @field_validator("stop")
     @classmethod
