@@ -171,7 +171,10 @@ def test_serve_and_curl_examples(isolated_home):
             r = _run(ex.cmd.replace("11500", str(port)), isolated_home, timeout=600)
             assert r.returncode == 0, (ex.cmd, r.stderr)
             body = json.loads(r.stdout)
-            if "chat/completions" in ex.cmd:
+            if "/v1/messages" in ex.cmd:  # Anthropic's Messages API (the text: test_anthropic.py)
+                assert body["type"] == "message" and body["content"][0]["text"]
+                assert body["stop_reason"] == "end_turn" and body["usage"]["output_tokens"] > 0
+            elif "chat/completions" in ex.cmd:
                 shown = re.search(r'"content":"([^"]*)"\}', " ".join(ex.shown)).group(1)
                 assert body["choices"][0]["message"]["content"] == shown  # margin-checked (test_engine)
                 assert body["choices"][0]["finish_reason"] == "stop"
