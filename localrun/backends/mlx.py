@@ -123,7 +123,8 @@ class MlxEngine:
         self.eog_ids = set(self._eos_ids)
         vocab = hf.get_vocab()
         # gpt-oss (harmony): <|end|> closes a message, <|return|>/<|call|> end the turn (llama-vocab.cpp does the same)
-        eog_texts = [t for t in EOG_TEXTS if not (t == "<|end|>" and "<|return|>" in vocab)]
+        harmony = "<|return|>" in vocab and "<|call|>" in vocab
+        eog_texts = [t for t in EOG_TEXTS if not (t == "<|end|>" and harmony)]
         self.eog_ids.update(vocab[t] for t in eog_texts if t in vocab)
         if hf.eos_token_id is not None:
             self.eog_ids.add(hf.eos_token_id)
