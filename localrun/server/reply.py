@@ -219,30 +219,11 @@ def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], 
 
 
 def _history(family: Family, messages: Sequence) -> list[dict]:
-    """Messages → dicts for the template, tool calls and results normalised for the family
-    (``dialects.history``; until that exists, tool-call arguments sent as a JSON string become the object
-    that templates ``tojson``)."""
-    msgs = [m.to_dict() if hasattr(m, "to_dict") else dict(m) for m in messages]
-    try:
-        from localrun.dialects.history import normalize_history
-    except ImportError:
-        return [_with_object_arguments(m) for m in msgs]
-    return normalize_history(family, msgs)
+    """Messages → dicts in the shape the family's template reads (``dialects.history``: tool-call arguments
+    as object or string, null content, tool results' names, earlier thinking kept or dropped)."""
+    from localrun.dialects.history import messages_for_template
 
-
-def _with_object_arguments(m: dict) -> dict:
-    if not m.get("tool_calls"):
-        return m
-    calls = []
-    for tc in m["tool_calls"]:
-        fn = dict(tc.get("function") or {})
-        if isinstance(fn.get("arguments"), str):
-            try:
-                fn["arguments"] = json.loads(fn["arguments"] or "{}")
-            except ValueError:
-                pass  # not JSON: the template gets the text
-        calls.append({**tc, "type": tc.get("type", "function"), "function": fn})
-    return {**m, "tool_calls": calls}
+    return messages_for_template([m.to_dict() if hasattr(m, "to_dict") else dict(m) for m in messages], family)
 
 
 # ---------------------------------------------------------------------------------------------- reply
