@@ -232,11 +232,13 @@ def test_tool_use_round_trip(qclient):
     history = ask + [{"role": "assistant", "content": full.content},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                                    "content": [{"type": "text", "text": "18 C and sunny"}]}]}]
-    n = qclient.messages.count_tokens(model="x", messages=history, tools=[WEATHER]).input_tokens
+    n = qclient.messages.count_tokens(model="x", messages=history, tools=[WEATHER],
+                                      thinking={"type": "disabled"}).input_tokens  # the prompt depends on it
     answer = qclient.messages.create(model="x", max_tokens=24, extra_body=GREEDY, messages=history, tools=[WEATHER],
                                      thinking={"type": "disabled"})
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == n
-    assert answer.content and answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    # SmolLM2 may end its turn at once after a tool result: an answer, if an empty one
+    assert answer.usage.output_tokens > 0 and answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
 def test_thinking_history_is_accepted(qclient):
