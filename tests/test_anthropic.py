@@ -122,6 +122,15 @@ def test_count_tokens_equals_the_prompt_the_message_reports(client):
     assert m2.usage.input_tokens + m2.usage.cache_read_input_tokens == n
 
 
+def test_prefill_continues_the_last_assistant_turn(client):
+    prefill = [*ASK, {"role": "assistant", "content": "The capital of France is"}]
+    n = client.messages.count_tokens(model="x", messages=prefill).input_tokens
+    assert n > client.messages.count_tokens(model="x", messages=ASK).input_tokens
+    full, _ = plain_and_streamed(client, max_tokens=8, messages=prefill)
+    assert full.usage.input_tokens + full.usage.cache_read_input_tokens == n
+    assert not full.content or not full.content[0].text.startswith("The capital of France is")
+
+
 def test_raw_stream_is_anthropics_event_sequence(chatml):
     body = {"model": "x", "max_tokens": 12, "temperature": 0, "stream": True, "messages": ASK}
     with httpx.stream("POST", chatml.url + "/v1/messages", json=body, headers={"x-api-key": API_KEY},

@@ -211,3 +211,24 @@ def test_error_shape():
 
 def test_sse_framing():
     assert ac.sse_event("ping", {"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def test_pings_fill_the_silences(monkeypatch):
+    """A reply that is slow to start (a long prefill) gets ping events meanwhile; the events themselves are
+    all delivered, in order."""
+    import asyncio
+
+    from localrun.server import anthropic_api
+
+    monkeypatch.setattr(anthropic_api, "PING_INTERVAL_S", 0.05)
+
+    async def slow():
+        await asyncio.sleep(0.3)
+        yield "a"
+        yield "b"
+
+    async def run():
+        return [e async for e in anthropic_api._with_pings(slow())]
+
+    got = asyncio.run(run())
+    assert got[-2:] == ["a", "b"] and got[:-2] and set(got[:-2]) == {None}
