@@ -202,7 +202,10 @@ class _MessagesBase(_Base):
 
 
 class CountTokensRequest(_MessagesBase):
-    """``/v1/messages/count_tokens``: the prompt half of a Messages request (no ``max_tokens``)."""
+    """``/v1/messages/count_tokens``: the prompt half of a Messages request; the generation fields a client
+    may send along (a whole ``messages.create`` body) are ignored."""
+
+    _ignored = _MessagesBase._ignored | {"max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k"}
 
 
 class MessagesRequest(_MessagesBase):
