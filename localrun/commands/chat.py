@@ -4,6 +4,7 @@ bad input and Ctrl-C. Piped stdin (`echo hi | localrun chat`) or --prompt: one a
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -65,6 +66,10 @@ def register(app: typer.Typer) -> None:
             help="When the context is full: stop, truncate-oldest, rolling."),
         force: bool = typer.Option(False, "--force", help="Load even if the plan says it does not fit."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the plan and stats in one-shot mode."),
+        json_schema: Optional[Path] = typer.Option(None, "--json-schema", metavar="FILE",
+            help="The answer is JSON matching this JSON Schema file (constrained decoding)."),
+        regex: Optional[str] = typer.Option(None, "--regex",
+            help="The answer matches this regex in full (constrained decoding)."),
     ) -> None:
         """Chat with a model in the terminal."""
         from localrun.backends.base import SamplingParams
@@ -76,7 +81,10 @@ def register(app: typer.Typer) -> None:
         interactive = prompt is None and sys.stdin.isatty()
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
                                 max_tokens=max_tokens, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                dry_multiplier=dry_multiplier, stop_loops=stop_loops)
+                                dry_multiplier=dry_multiplier, stop_loops=stop_loops,
+                                constraint=_constraint(json_schema, regex))
+        if params.constraint is not None:  # loop guards would cut or bend structured output
+            params.dry_multiplier, params.stop_loops = 0.0, False
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
@@ -106,6 +114,35 @@ def register(app: typer.Typer) -> None:
             Repl(session, loaded, raw=raw).run()
         finally:
             engine.close()
+
+
+def _constraint(schema_file: Optional[Path], regex: Optional[str]):
+    """--json-schema FILE / --regex → a checked ``Constraint`` (None without either), before the model
+    loads. Raises ConfigError (both given, unreadable file, not JSON), ConstraintError (cannot be enforced)."""
+    import json
+
+    from localrun.backends.base import Constraint
+    from localrun.constrain import check
+    from localrun.errors import ConfigError
+
+    if schema_file is not None and regex is not None:
+        raise ConfigError("--json-schema and --regex both constrain the answer", hint="give one of them")
+    if regex is not None:
+        c = Constraint("regex", regex, param="--regex")
+    elif schema_file is not None:
+        try:
+            schema = json.loads(schema_file.read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read --json-schema {schema_file}: {e.strerror or e}",
+                              hint="give the path of a JSON Schema file") from None
+        except ValueError as e:
+            raise ConfigError(f"--json-schema {schema_file} is not JSON: {e}",
+                              hint="the file must hold one JSON Schema object") from None
+        c = Constraint("json_schema", schema, param="--json-schema")
+    else:
+        return None
+    check(c)
+    return c
 
 
 def _one_shot(session, text: str, raw: bool, verbose: bool, loaded) -> None:
