@@ -12,6 +12,7 @@ Raises ``ModelNotFoundError`` (no such file) and ``ModelFormatError`` (not GGUF 
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from pathlib import Path
@@ -209,7 +210,8 @@ def read_gguf(path: str | os.PathLike, *, all_arrays: bool = False) -> ModelSpec
         data_offset = (end + align - 1) // align * align
     arch = str(metadata.get("general.architecture", "unknown"))
     name = str(metadata.get("general.name") or p.stem)
-    return ModelSpec(spath, file_bytes, version, arch, name, metadata, tensors, data_offset, lengths, offsets)
+    return ModelSpec(spath, file_bytes, version, arch, name, metadata, tensors, data_offset, lengths, offsets,
+                     string_reader=functools.partial(read_array_string, spath, file_bytes))
 
 
 def file_status(path: str | os.PathLike) -> dict[str, Any]:

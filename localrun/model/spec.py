@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
 from localrun.errors import TruncatedModelError
 
@@ -110,6 +110,8 @@ class ModelSpec:
     data_offset: int
     array_lengths: dict[str, int] = field(default_factory=dict)
     array_offsets: dict[str, int] = field(default_factory=dict)  # file offset of skipped string arrays
+    # (file offset, index) → that item of a skipped string array; the reader that built the spec sets it
+    string_reader: Callable[[int, int], str] | None = field(default=None, repr=False, compare=False)
 
     # -- metadata accessors -------------------------------------------------------------------
     def meta(self, key: str, default: Any = None) -> Any:
@@ -236,11 +238,9 @@ class ModelSpec:
     def token_text(self, token_id: int | None) -> str | None:
         """Text of one vocabulary entry, read from the file on demand (the vocab is not kept in memory)."""
         off = self.array_offsets.get("tokenizer.ggml.tokens")
-        if token_id is None or off is None or not 0 <= token_id < self.vocab_size:
+        if token_id is None or off is None or self.string_reader is None or not 0 <= token_id < self.vocab_size:
             return None
-        from localrun.model.gguf_info import read_array_string
-
-        return read_array_string(self.path, self.file_bytes, off, token_id)
+        return self.string_reader(off, token_id)
 
     @property
     def file_type(self) -> str:
