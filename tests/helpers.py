@@ -186,3 +186,23 @@ def localrun_inprocess(*args: str, env: dict[str, str] | None = None):
             else:
                 os.environ[k] = v
     return subprocess.CompletedProcess(["localrun", *args], code, out.getvalue(), err.getvalue())
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` in Prometheus ``text`` whose labels include ``labels`` (so a test
+    reads a per-model series, or all models together, without spelling every label)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def parse_labels(labels: str) -> dict[str, str]:
+    """``'{a="x",b="y"}'`` → ``{"a": "x", "b": "y"}`` (the label text the older tests spell)."""
+    import re
+
+    return dict(re.findall(r'(\w+)="([^"]*)"', labels))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from helpers import ServerThread, drive_chat_session, stream_and_full
+from helpers import ServerThread, drive_chat_session, metric_value, parse_labels, stream_and_full
 
 pytestmark = pytest.mark.model  # every test here loads a real model
 
@@ -101,8 +100,7 @@ def http(mlx_server):
 
 
 def metric(http, name: str, labels: str = "") -> float:
-    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", http.get("/metrics").text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return metric_value(http.get("/metrics").text, name, **parse_labels(labels))
 
 
 def chat(client, content: str, **kw) -> str:

@@ -27,7 +27,7 @@ def make():
 
     def _make(n_parallel: int = 1, *, max_queue: int = 64, **kw):
         eng = ScriptedEngine(n_parallel, **kw)
-        metrics = ServerMetrics(n_parallel, eng.n_ctx * n_parallel)
+        metrics = ServerMetrics().for_model("fake", n_parallel, eng.n_ctx * n_parallel)
         sched = Scheduler(eng, metrics, max_queue=max_queue)
         made.append((eng, sched))
         return eng, sched, metrics
@@ -61,7 +61,7 @@ async def finish(j: Job) -> tuple[str, str | None, Exception | None]:
 
 
 def count(metrics, name: str, **labels) -> float:
-    return metrics.registry.get_sample_value(name, labels or None) or 0.0
+    return metrics.registry.get_sample_value(name, {"model": "fake", **labels}) or 0.0
 
 
 def test_the_fake_keeps_the_engine_contract():

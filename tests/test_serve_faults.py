@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 
 import httpx
 import pytest
-from helpers import ServerThread
+from helpers import ServerThread, metric_value, parse_labels
 
 pytest.importorskip("uvicorn")
 
@@ -50,8 +49,7 @@ def http(server):
 
 
 def metric(http, name: str, labels: str = "") -> float:
-    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", http.get("/metrics").text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return metric_value(http.get("/metrics").text, name, **parse_labels(labels))
 
 
 def _wait_idle(http, timeout_s: float = 120) -> None:
@@ -121,9 +119,9 @@ def test_metrics_are_current_when_the_response_ends(http):
         else:
             assert http.post("/v1/completions", json=body).status_code == 200
         text = http.get("/metrics").text
-        assert re.search(r"^localrun_active_sequences 0\.0$", text, re.M), i
-        after = re.search(r'^localrun_requests_total\{endpoint="/v1/completions",status="200"\} (\S+)$', text, re.M)
-        assert float(after.group(1)) == before + 1
+        assert metric_value(text, "localrun_active_sequences") == 0, i
+        after = metric_value(text, "localrun_requests_total", endpoint="/v1/completions", status="200")
+        assert after == before + 1
         assert http.get("/health").json()["active_sequences"] == 0
 
 

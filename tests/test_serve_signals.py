@@ -70,10 +70,9 @@ def _stop(proc: subprocess.Popen) -> str:
 
 
 def _metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+    from helpers import metric_value
+
+    return metric_value(httpx.get(url + "/metrics", timeout=10).text, name)
 
 
 def _signal_and_time_exit(proc: subprocess.Popen, sig: int) -> float:

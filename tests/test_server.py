@@ -4,13 +4,12 @@ real `openai` client and raw httpx for the Ollama endpoints and the bad inputs."
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from helpers import ServerThread, stream_and_full
+from helpers import ServerThread, metric_value, parse_labels, stream_and_full
 
 pytestmark = pytest.mark.model  # every test here loads a real model
 
@@ -55,9 +54,7 @@ def http(server):
 
 
 def metric(http, name: str, labels: str = "") -> float:
-    text = http.get("/metrics").text
-    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return metric_value(http.get("/metrics").text, name, **parse_labels(labels))
 
 
 def chat(client, content: str, **kw) -> str:

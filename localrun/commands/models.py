@@ -13,6 +13,7 @@ def register(app: typer.Typer) -> None:
     app.command("rm")(rm)
     app.command("show")(show)
     app.command("ps")(ps)
+    app.command("stop")(stop)
 
 
 def pull(
@@ -216,14 +217,82 @@ def ps(
     from localrun.machine.hardware import fmt_bytes
 
     t = Table(title=f"localrun serve at {info['url']}")
-    for c in ("name", "quant", "memory", "VRAM", "context", "plan"):
+    for c in ("name", "quant", "memory", "VRAM", "context", "state", "until", "plan"):
         t.add_column(c)
     for m in models:
         det = m.get("details") or {}
-        plan = m.get("plan") or m.get("localrun", {}).get("plan") or {}
+        lr = m.get("localrun") or {}
+        plan = m.get("plan") or lr.get("plan") or {}
         plan_s = (f"{plan.get('backend', '?')}, {plan.get('n_gpu_layers', 0)} GPU layers, kv {plan.get('kv_type', '?')}"
                   if plan else "")
+        ag = lr.get("asked_vs_given")
+        if ag:
+            plan_s += "; given " + ", ".join(f"{k} {v}" for k, v in ag["given"].items() if ag["asked"].get(k) != v) \
+                + " (asked " + ", ".join(f"{ag['asked'][k]}" for k, v in ag["given"].items()
+                                         if ag["asked"].get(k) != v) + ")"
+        busy = m.get("busy")
+        state = "busy" if busy else "idle" if busy is not None else "?"
+        until = "forever" if lr.get("never_expires") else (m.get("expires_at") or "?")[:19].replace("T", " ")
         t.add_row(m.get("name") or m.get("model", "?"), det.get("quantization_level", "?"),
                   fmt_bytes(int(m.get("size") or 0)), fmt_bytes(int(m.get("size_vram") or 0)),
-                  str(m.get("context_length") or plan.get("n_ctx") or "?"), plan_s)
+                  str(m.get("context_length") or plan.get("n_ctx") or "?"), state, until, plan_s)
     con.print(t)
+
+
+def stop(
+    model: str = typer.Argument(..., help="A model the server has loaded (as `localrun ps` names it)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Server host (default 127.0.0.1; LOCALRUN_HOST)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+        help="Server port (default 11500; LOCALRUN_PORT)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key",
+        help="The key the server was started with (LOCALRUN_API_KEY)."),
+) -> None:
+    """Unload MODEL from a running `localrun serve` (as `ollama stop`: an empty generate with keep_alive 0).
+    Its requests in flight finish first."""
+    from localrun.render import stdout
+
+    names = [m.get("name") for m in _running_models(host, port, api_key)]
+    if model not in names:
+        from localrun.errors import ModelNotFoundError
+
+        raise ModelNotFoundError(model, hint="loaded now: " + (", ".join(n for n in names if n) or "none")
+                                 + " (`localrun ps`)")
+    _post(host, port, api_key, "/api/generate", {"model": model, "keep_alive": 0})
+    stdout().print(f"unloaded {model}")
+
+
+def _running_models(host, port, api_key) -> list[dict]:
+    from localrun.errors import LocalrunError
+    from localrun.store.info import server_ps
+
+    info = server_ps(host=host, port=port, api_key=api_key)
+    if not info["running"]:
+        raise LocalrunError(f"no localrun server is running at {info['url']}",
+                            hint="start one with `localrun serve [MODEL]` (or give --host/--port)")
+    return info.get("models") or []
+
+
+def _post(host, port, api_key, path: str, body: dict, timeout_s: float = 300.0) -> dict:
+    """POST ``body`` to the server; its JSON answer. Raises LocalrunError with the server's message."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from localrun.config import get_settings
+    from localrun.errors import LocalrunError
+
+    st = get_settings()
+    url = f"http://{host or st.host}:{port or st.port}{path}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    key = api_key or st.api_key
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read() or b"{}").get("error") or str(e)
+        except ValueError:
+            msg = str(e)
+        raise LocalrunError(f"the server answered {e.code}: {msg}") from None

@@ -75,8 +75,9 @@ def parse_max_body(text: str) -> int:
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
-        model: Optional[str] = typer.Argument(None,
-            help="A .gguf path or a model name (default: the embedded SmolLM2)."),
+        model: Optional[List[str]] = typer.Argument(None,
+            help="Models to load at start-up (.gguf paths or names `localrun ls` shows). None: the server starts "
+                 "empty and loads each model on its first request (no `model` field: the embedded SmolLM2)."),
         host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default 127.0.0.1; LOCALRUN_HOST)."),
         port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
             help="Port (default 11500; LOCALRUN_PORT)."),
@@ -118,6 +119,19 @@ def register(app: typer.Typer) -> None:
             help="Default thinking budget in tokens for thinking models: when it runs out the server closes the "
                  "thinking block and the model answers (0: no thinking). A request's reasoning_effort, Ollama "
                  "think level or Anthropic budget_tokens wins."),
+        keep_alive: List[str] = typer.Option([], "--keep-alive",
+            help="How long an idle model stays loaded: 5m (default), 1h, 30s, 0 (unload after each request), -1 "
+                 "(never); NAME=DURATION sets one model's default (repeatable). A request's keep_alive wins."),
+        pin: List[str] = typer.Option([], "--pin",
+            help="Load NAME at start-up and never unload or evict it (repeatable)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory",
+            help="RAM the loaded models may use together, e.g. 8GiB (default: what is free at start-up)."),
+        max_vram: Optional[str] = typer.Option(None, "--max-vram",
+            help="VRAM the loaded models may use together (default: what is free at start-up)."),
+        max_models: Optional[int] = typer.Option(None, "--max-models", min=1,
+            help="At most this many models loaded at once (idle ones are unloaded, least recently used first)."),
+        load_timeout: float = typer.Option(120.0, "--load-timeout", min=0.0,
+            help="Seconds a request waits for memory held by busy models before a 503."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
@@ -131,6 +145,11 @@ def register(app: typer.Typer) -> None:
         --parallel requests run at once and --max-queue more wait; past that the server answers 503. \
         Ctrl-C (SIGINT) or SIGTERM ends running generations and exits at once.
 
+        Several models: a request's `model` field picks one (any name `localrun ls` shows); a model not \
+        loaded loads on its first request, after idle models are unloaded (least recently used first) when \
+        the planner says it does not fit next to them (--max-memory, --max-vram, --max-models). A model \
+        serving a request is never unloaded. An idle model unloads after --keep-alive.
+
         With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the \
         queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501 \
         (embeddings need the llama.cpp backend)."""
@@ -140,16 +159,64 @@ def register(app: typer.Typer) -> None:
         if log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown --log-level {log_level!r}", hint="use debug, info, warning or error")
         max_body_bytes = parse_max_body(max_body)
+        residency = parse_residency(keep_alive, max_memory, max_vram, max_models, pin, load_timeout)
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
-        run_server(settings, model=model, parallel=parallel, ctx=ctx, max_queue=max_queue, backend=backend,
+        run_server(settings, models=list(model or []), residency=residency, parallel=parallel, ctx=ctx,
+                   max_queue=max_queue, backend=backend,
                    max_body_bytes=max_body_bytes,
                    kv_type=kv_type, flash_attn=flash_attn,
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
                    stop_loops=stop_loops, reasoning_budget=reasoning_budget)
+
+
+def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str | None,
+                    max_models: int | None, pins: list[str], load_timeout_s: float = 120.0) -> dict:
+    """The multi-model flags → ``make_registry`` keywords. Raises ConfigError naming the flag."""
+    from localrun.errors import ConfigError
+    from localrun.server.errors import RequestError
+    from localrun.server.models import DEFAULT_KEEP_ALIVE_S, parse_keep_alive
+    from localrun.units import parse_bytes
+
+    default, per_model = DEFAULT_KEEP_ALIVE_S, {}
+    for item in keep_alive:
+        name, eq, value = item.rpartition("=")
+        try:
+            secs = parse_keep_alive(value, "--keep-alive")
+        except RequestError as e:
+            raise ConfigError(e.message, hint='use e.g. --keep-alive 5m, --keep-alive 0, --keep-alive -1 or '
+                              '--keep-alive NAME=1h') from None
+        if eq:
+            per_model[name] = secs
+        else:
+            default = secs
+    return {"keep_alive_s": default, "keep_alive_by_model": per_model, "pins": tuple(pins),
+            "max_ram_bytes": parse_bytes(max_memory, flag="--max-memory") if max_memory else None,
+            "max_vram_bytes": parse_bytes(max_vram, flag="--max-vram") if max_vram else None,
+            "max_models": max_models, "load_wait_s": load_timeout_s}
+
+
+def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = None, backend: str | None = None,
+                  kv_type: str | None = None, flash_attn: bool | None = None, threads: int | None = None,
+                  force: bool = False, keep_alive_s: float | None = None, keep_alive_by_model: dict | None = None,
+                  pins: tuple = (), max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
+                  max_models: int | None = None, load_wait_s: float = 120.0, hardware=None):
+    """The server's ``ModelRegistry``: the machine probed once (``hardware``, default: now), its free memory
+    capped by ``max_ram_bytes``/``max_vram_bytes`` as the budget every model is planned against."""
+    from localrun.machine.hardware import probe_hardware
+    from localrun.server.metrics import ServerMetrics
+    from localrun.server.models import DEFAULT_KEEP_ALIVE_S, ModelRegistry, PlannerLoader, budget_hardware
+
+    hw, budget = budget_hardware(hardware or probe_hardware(settings.models_dir), max_ram_bytes=max_ram_bytes,
+                                 max_vram_bytes=max_vram_bytes, max_models=max_models)
+    loader = PlannerLoader(settings, hw, backend=backend, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
+                           flash_attn=flash_attn, n_threads=threads, force=force)
+    return ModelRegistry(settings, options, ServerMetrics(), loader=loader, budget=budget,
+                         keep_alive_s=DEFAULT_KEEP_ALIVE_S if keep_alive_s is None else keep_alive_s,
+                         keep_alive_by_model=keep_alive_by_model, pins=pins, load_wait_s=load_wait_s)
 
 
 def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | None, threads: int | None,
@@ -170,11 +237,11 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
     return loaded.engine, loaded.plan, loaded.hardware.to_dict()
 
 
-def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alias, threads, force,
+def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_template, alias, threads, force,
                cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
-               stop_loops: bool = False, reasoning_budget: int | None = None) -> None:
+               stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None) -> None:
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -183,37 +250,43 @@ def run_server(settings, *, model, parallel, ctx, max_queue, chat_template, alia
     from localrun.server.runtime import ServeOptions
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine, plan, hw = load_for_serving(model, settings, parallel=parallel, ctx=ctx, threads=threads,
-                                        force=force, chat_template=chat_template, backend=backend,
-                                        kv_type=kv_type, flash_attn=flash_attn)
-    from localrun.store.resolve import display_name
-
-    options = ServeOptions(model_id=alias or display_name(engine.model_path), api_key=settings.api_key,
-                           cors_origins=list(cors_origins),
-                           log_prompts=log_prompts, max_queue=max_queue, max_body_bytes=max_body_bytes, plan=plan,
-                           hardware=hw)
+    options = ServeOptions(api_key=settings.api_key, cors_origins=list(cors_origins), log_prompts=log_prompts,
+                           max_queue=max_queue, max_body_bytes=max_body_bytes)
     options.parse_special_in_content = parse_special_in_content
     options.parse_special_in_prompt = parse_special_in_prompt
     options.stop_loops = stop_loops
     options.reasoning_budget = reasoning_budget
-    app = create_app(engine, settings, options)
-    st = app.state.localrun
+    residency = dict(residency or {})
+    reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
+                        flash_attn=flash_attn, threads=threads, force=force, **residency)
+    pins = list(residency.get("pins") or ())
+    for i, name in enumerate(models + [p for p in pins if p not in models]):
+        if chat_template:
+            from localrun.server.models import _path_key
+            from localrun.store.resolve import resolve_model
+
+            reg.loader.templates[_path_key(resolve_model(name, settings.models_dir))] = chat_template
+        st = reg.preload(name, model_id=alias if i == 0 and alias else None, pinned=name in pins)
+        for w in getattr(st.options.plan, "warnings", None) or []:
+            stderr().print(f"[yellow]warning:[/] {w}", highlight=False)
+    app = create_app(None, settings, options, registry=reg)
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    served = st.engine  # the BatchEngine the scheduler drives (MLX's: one request at a time)
-    mode = (f"{serving_mode(served)}, {served.n_ctx} tokens of context" if served.serial
-            else f"{served.n_parallel} parallel × {served.n_ctx} tokens")
-    stderr().print(f"localrun: serving [bold]{st.model_id}[/] on http://{url_host}:{settings.port} "
-                   f"({mode}"
-                   f"{', API key required' if settings.api_key else ''}) — OpenAI base URL "
+    loaded = []
+    for r in reg.residents.values():
+        served = r.state.engine  # the BatchEngine the scheduler drives (MLX's: one request at a time)
+        mode = (f"{serving_mode(served)}, {served.n_ctx} tokens of context" if served.serial
+                else f"{served.n_parallel} parallel × {served.n_ctx} tokens")
+        loaded.append(f"[bold]{r.model_id}[/] ({mode})")
+    what = ", ".join(loaded) if loaded else "no model loaded yet (each loads on its first request)"
+    stderr().print(f"localrun: serving {what} on http://{url_host}:{settings.port}"
+                   f"{' (API key required)' if settings.api_key else ''} — OpenAI base URL "
                    f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}",
                    soft_wrap=True)  # one line in a log file too (no wrapping at 80 columns)
     try:
         serve_forever(app, settings.host, settings.port, log_level=log_level.lower())
     finally:
-        if st.scheduler.idle:
-            engine.close()
-        else:  # still inside a llama_decode: freeing the context (or the exit's C++ destructors) under it
-            import os  # could crash, so leave at once
+        if not reg.idle:  # still inside a llama_decode: freeing the context (or the exit's C++ destructors)
+            import os  # under it could crash, so leave at once
 
             logging.getLogger("localrun.server").warning("exiting during a llama_decode (it did not end in time)")
             os._exit(0)

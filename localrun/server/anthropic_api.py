@@ -25,15 +25,16 @@ from localrun.errors import LocalrunError
 from localrun.server import anthropic_convert as ac
 from localrun.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from localrun.server.errors import QueueFullError, error_info
+from localrun.server.models import ModelRegistry
 from localrun.server.runtime import ServerState
 
 PING_INTERVAL_S = 10.0  # a ping after this long without an event (Anthropic's streams ping too)
 
 
-def register(app: FastAPI, st: ServerState) -> None:
+def register(app: FastAPI, reg: ModelRegistry) -> None:
     @app.post("/v1/messages")
     async def messages(request: Request):
-        req = await st.parse(request, MessagesRequest)
+        st, req = await reg.routed(request, MessagesRequest)
         tap = _TokenTap(st)
         prompt, tokens, family, opts, params = await _prepare(st, req)
         job = await st.start(request, tokens, params)
@@ -71,7 +72,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
-        req = await st.parse(request, CountTokensRequest)
+        st, req = await reg.routed(request, CountTokensRequest)
         _, tokens, _, _, _ = await _prepare(st, req)
         return {"input_tokens": len(tokens)}
 

@@ -1,7 +1,9 @@
 """``create_app(engine, settings, options)``: the FastAPI app behind ``localrun serve``.
 
-One app = one ``ServerState`` (engine, scheduler thread, metrics registry); nothing is module-global,
-so tests run several apps in one process. The scheduler thread starts and stops with the app's lifespan.
+One app = one ``ModelRegistry`` (server/models.py: the resident models, each a ``ServerState`` with its
+engine and scheduler thread) and one metrics registry; nothing is module-global, so tests run several apps
+in one process. Schedulers and the keep-alive reaper start and stop with the app's lifespan; a request's
+hold on its model (``LEASES`` in the ASGI scope) ends with its response, here in ``_Gate``.
 
 Around every route:
 * ``_Gate`` (pure ASGI): ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``) when an API
@@ -26,13 +28,13 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
-from localrun.backends import as_batch_engine
 from localrun.backends.base import Engine
 from localrun.errors import LocalrunError
 from localrun.server.anthropic_convert import error_response, is_anthropic_path
 from localrun.server.errors import QueueFullError, error_body, error_info
 from localrun.server.metrics import ServerMetrics
-from localrun.server.runtime import ClientGone, ServeOptions, ServerState
+from localrun.server.models import LEASES, ModelRegistry
+from localrun.server.runtime import ClientGone, ServeOptions
 
 log = logging.getLogger("localrun.server")
 
@@ -43,11 +45,15 @@ _KNOWN_PATHS = {"/", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
                 "/health", "/metrics", "/v1/messages", "/v1/messages/count_tokens"}
 
 
-def create_app(engine: Engine, settings, options: ServeOptions | None = None, *, embedder_factory=None):
-    """Build the app for a loaded ``engine``. The scheduler drives it as a ``BatchEngine``
-    (``backends.as_batch_engine``: llama.cpp's as it is, MLX's one request at a time); the app's
-    ``state.localrun.engine`` is that ``BatchEngine``. ``embedder_factory(engine)`` makes the
-    ``/v1/embeddings`` context on first use (default: ``LlamaCppEmbedder`` for llama.cpp engines)."""
+def create_app(engine: Engine | None, settings, options: ServeOptions | None = None, *, embedder_factory=None,
+               registry: ModelRegistry | None = None):
+    """Build the app. ``registry`` (``server.models.ModelRegistry``) holds the models and loads others on
+    demand; without one, the app serves ``engine`` alone (any ``model`` name answers with it). A given
+    ``engine`` is served as it is (the caller closes it); the scheduler drives it as a ``BatchEngine``
+    (``backends.as_batch_engine``: llama.cpp's as it is, MLX's one request at a time).
+    ``app.state.models`` is the registry; ``app.state.localrun`` the default model's ``ServerState`` (None
+    when the server started with no model). ``embedder_factory(engine)`` makes the ``/v1/embeddings``
+    context on first use (default: ``LlamaCppEmbedder`` for llama.cpp engines)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError
@@ -57,27 +63,30 @@ def create_app(engine: Engine, settings, options: ServeOptions | None = None, *,
     from localrun.server import anthropic_api, ollama_api, openai_api
 
     options = options or ServeOptions(api_key=settings.api_key)
-    engine = as_batch_engine(engine)
-    if embedder_factory is None and engine.backend == "llamacpp":
-        from localrun.backends.llamacpp_embed import LlamaCppEmbedder
-
-        embedder_factory = LlamaCppEmbedder
-    elif embedder_factory is None:
-        embedder_factory = _no_embeddings
-    metrics = ServerMetrics(engine.n_parallel, engine.n_ctx * engine.n_parallel)
-    st = ServerState(engine, settings, options, metrics, embedder_factory)
+    if registry is None:
+        registry = ModelRegistry(settings, options, ServerMetrics(), embedder_factory=embedder_factory)
+    reg = registry
+    if engine is not None:
+        reg.adopt(engine, plan=options.plan, hardware=options.hardware, model_id=options.model_id or None,
+                  owned=False, pinned=True)
+    metrics = reg.metrics
 
     @asynccontextmanager
     async def lifespan(app):
-        st.scheduler.start()
+        import asyncio
+
+        reg.start()
+        reaper = asyncio.ensure_future(reg.reap())
         try:
             yield
         finally:
-            if not st.close():
-                log.warning("the scheduler is still inside llama_decode; the engine is left open")
+            reaper.cancel()
+            if not reg.close():
+                log.warning("a scheduler is still inside llama_decode; its engine is left open")
 
     app = FastAPI(title="localrun", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.localrun = st
+    app.state.models = reg
+    app.state.localrun = reg.default_state
 
     def _err(request, status: int, body: dict, headers: dict | None = None, *, overloaded: bool = False):
         if request.url.path.startswith("/api/"):
@@ -123,8 +132,14 @@ def create_app(engine: Engine, settings, options: ServeOptions | None = None, *,
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
-        return {"status": "ok", "model": st.model_id, "active_sequences": st.scheduler.n_running,
-                "queued": st.scheduler.n_waiting, "n_parallel": engine.n_parallel}
+        """Up; the default model (null: none loaded), the resident models, sequences running and waiting."""
+        states = [r.state for r in reg.residents.values()]
+        st = reg.default_state
+        return {"status": "ok", "model": st.model_id if st is not None else None,
+                "models": [s.model_id for s in states],
+                "active_sequences": sum(s.scheduler.n_running for s in states),
+                "queued": sum(s.scheduler.n_waiting for s in states),
+                "n_parallel": st.engine.n_parallel if st is not None else 0}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -132,16 +147,16 @@ def create_app(engine: Engine, settings, options: ServeOptions | None = None, *,
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    openai_api.register(app, st)
-    ollama_api.register(app, st)
-    anthropic_api.register(app, st)
+    openai_api.register(app, reg)
+    ollama_api.register(app, reg)
+    anthropic_api.register(app, reg)
 
     if options.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
-    app.add_middleware(_Gate, state=st)
+    app.add_middleware(_Gate, registry=reg)
     return app
 
 
@@ -162,16 +177,16 @@ def serve_forever(app, host: str, port: int, *, log_level: str = "info", grace_s
     stream, a 503 otherwise) and stops the scheduler between two ``llama_decode`` calls (a prefill one is
     cut short between graph nodes by ``engine.interrupt``). Responses still open after ``grace_s`` seconds
     are cancelled (uvicorn's ``timeout_graceful_shutdown``), and the app waits at most ``grace_s`` for
-    the scheduler: afterwards ``app.state.localrun.scheduler.idle`` says whether the engine may be closed."""
+    the schedulers: afterwards ``app.state.models.idle`` says whether the engines may be closed."""
     import uvicorn
 
-    st = app.state.localrun
-    st.close_wait_s = grace_s
+    reg = app.state.models
+    reg.close_wait_s = grace_s
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
-            st.shutdown()
+            reg.shutdown()
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=grace_s)
@@ -181,27 +196,18 @@ def serve_forever(app, host: str, port: int, *, log_level: str = "info", grace_s
         pass
 
 
-def _no_embeddings(engine):
-    """/v1/embeddings on a backend without an embedding context (MLX): a 501 that says what to do."""
-    from localrun.server.errors import RequestError
-
-    raise RequestError(f"embeddings need the llama.cpp backend (this server runs {engine.backend})",
-                       code="unsupported", status=501,
-                       hint="start the server with `localrun serve --backend llamacpp` for /v1/embeddings")
-
-
 class _Gate:
     """Pure-ASGI middleware: API-key check, per-request log line, request counter."""
 
-    def __init__(self, app, state: ServerState) -> None:
+    def __init__(self, app, registry: ModelRegistry) -> None:
         self.app = app
-        self.st = state
+        self.reg = registry
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope.get("path", ""), scope.get("method", "")
-        key = self.st.options.api_key
+        key = self.reg.options.api_key
         if key and path not in _OPEN_PATHS and method != "OPTIONS" and not _authorized(scope, key):
             await _send_json(send, 401, _unauthorized_body(path),
                              [(b"www-authenticate", b'Bearer realm="localrun"')])
@@ -209,9 +215,14 @@ class _Gate:
         t0 = time.perf_counter()
         status = {"code": 500, "logged": False}
 
+        leases: list = []
+        scope[LEASES] = leases
+
         async def send_wrapper(msg):
             if msg["type"] == "http.response.start":
                 status["code"] = msg["status"]
+                if leases:
+                    msg = dict(msg, headers=list(msg.get("headers", [])) + _model_headers(leases[-1].resident))
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):
                 # counted before the last bytes go out: a client that reads /metrics next sees its request
                 status["logged"] = True
@@ -222,16 +233,36 @@ class _Gate:
             await self.app(scope, receive, send_wrapper)
         except OSError:  # the client went away mid-response
             pass
+        finally:
+            self.reg.release(leases)
         if not status["logged"]:  # a stream the client left before its end: nginx's 499
             self._log(scope, method, path, 499, time.perf_counter() - t0)
 
     def _log(self, scope, method: str, path: str, status: int, dt_s: float) -> None:
         endpoint = path if path in _KNOWN_PATHS else "other"
-        self.st.metrics.requests.labels(endpoint, str(status)).inc()
+        leases = scope.get(LEASES) or []
+        model = leases[-1].resident.model_id if leases else ""
+        self.reg.metrics.requests.labels(endpoint, str(status), model).inc()
         info = (scope.get("state") or {}).get("localrun") or {}
         client = scope.get("client") or ("-", 0)
         extra = " ".join(f"{k}={v!r}" if k == "prompt" else f"{k}={v}" for k, v in info.items())
         log.info("%s %s %s %d %.3fs %s", client[0], method, path, status, dt_s, extra)
+
+
+def _model_headers(r) -> list[tuple[bytes, bytes]]:
+    """``X-Localrun-Model``: the model that answered; when it was loaded with less than asked (a shorter
+    context, fewer GPU layers, a quantized KV cache) also ``X-Localrun-Asked`` / ``X-Localrun-Given``
+    (``key=value`` pairs) and ``X-Localrun-Given-Reason`` (the planner's reasons)."""
+    out = [(b"x-localrun-model", r.model_id.encode("utf-8", "replace"))]
+    ag = r.asked_given()
+    if ag:
+        def pairs(d: dict) -> bytes:
+            return " ".join(f"{k}={v}" for k, v in d.items()).encode("latin-1", "replace")
+
+        why = "; ".join(ag["reasons"][:4]).encode("latin-1", "replace")
+        out += [(b"x-localrun-asked", pairs(ag["asked"])), (b"x-localrun-given", pairs(ag["given"])),
+                (b"x-localrun-given-reason", why)]
+    return out
 
 
 def _authorized(scope, key: str) -> bool:

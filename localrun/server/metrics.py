@@ -1,7 +1,15 @@
 """Prometheus metrics for one server instance (its own ``CollectorRegistry``: no process globals).
 
-Counters are updated from the scheduler thread and the request handlers (prometheus-client is
-thread-safe). Names follow Prometheus conventions: ``_total`` counters, ``_seconds`` histograms.
+``ServerMetrics`` holds the families; every per-model series carries a ``model`` label (the model's id as the
+API reports it). ``ServerMetrics.for_model(model, …)`` gives the ``ModelMetrics`` view a model's scheduler
+updates: the same attribute names as the families, bound to that model's label, so the scheduler does not
+know which model it drives. Counters are updated from scheduler threads and the request handlers
+(prometheus-client is thread-safe). Names follow Prometheus conventions: ``_total`` counters, ``_seconds``
+histograms, ``_bytes`` gauges.
+
+Per model: requests, tokens, TTFT / inter-token latency, queue depth, active sequences, KV cells, prefix cache;
+residency: loads, unloads (by reason), evictions, load (cold start) seconds, resident bytes per tier
+(``vram``, ``ram``: the planner's numbers for the loaded plan).
 """
 
 from __future__ import annotations
@@ -9,36 +17,85 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class ServerMetrics:
-    """requests, tokens, TTFT / inter-token latency, queue depth, active sequences, KV cells, prefix cache."""
+    """Every metric family of one server (see the module docstring)."""
 
-    def __init__(self, n_parallel: int, kv_cells_total: int) -> None:
+    def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("localrun_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        m = ["model"]
+        self.requests = Counter("localrun_requests", "HTTP requests answered (model: the one that answered, or "
+                                "empty)", ["endpoint", "status", "model"], registry=r)
         self.generations = Counter("localrun_generations", "Generations finished, by finish reason",
-                                   ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("localrun_prompt_tokens", "Prompt tokens received", registry=r)
+                                   m + ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("localrun_prompt_tokens", "Prompt tokens received", m, registry=r)
         self.cached_prompt_tokens = Counter("localrun_prompt_tokens_cached",
-                                            "Prompt tokens whose KV was reused from the prefix cache", registry=r)
-        self.generated_tokens = Counter("localrun_generated_tokens", "Tokens generated", registry=r)
+                                            "Prompt tokens whose KV was reused from the prefix cache", m, registry=r)
+        self.generated_tokens = Counter("localrun_generated_tokens", "Tokens generated", m, registry=r)
         self.prefix_cache_hits = Counter("localrun_prefix_cache_hits",
-                                         "Generations that reused at least one cached prompt token", registry=r)
-        self.ttft = Histogram("localrun_time_to_first_token_seconds", "Request arrival to first token",
+                                         "Generations that reused at least one cached prompt token", m, registry=r)
+        self.ttft = Histogram("localrun_time_to_first_token_seconds", "Request arrival to first token", m,
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("localrun_inter_token_latency_seconds", "Time between consecutive tokens",
+        self.itl = Histogram("localrun_inter_token_latency_seconds", "Time between consecutive tokens", m,
                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("localrun_queue_depth", "Requests waiting for a sequence slot", registry=r)
-        self.active = Gauge("localrun_active_sequences", "Sequences being prefilled or decoded", registry=r)
-        self.kv_cells_used = Gauge("localrun_kv_cells_used", "KV-cache cells holding tokens (running + cached)",
+        self.queue_depth = Gauge("localrun_queue_depth", "Requests waiting for a sequence slot", m, registry=r)
+        self.active = Gauge("localrun_active_sequences", "Sequences being prefilled or decoded", m, registry=r)
+        self.kv_cells_used = Gauge("localrun_kv_cells_used", "KV-cache cells holding tokens (running + cached)", m,
                                    registry=r)
-        self.kv_cells_total = Gauge("localrun_kv_cells_total", "KV-cache cells (n_ctx × n_parallel)", registry=r)
-        self.n_parallel = Gauge("localrun_parallel_sequences", "Sequence slots", registry=r)
+        self.kv_cells_total = Gauge("localrun_kv_cells_total", "KV-cache cells (n_ctx × n_parallel)", m, registry=r)
+        self.n_parallel = Gauge("localrun_parallel_sequences", "Sequence slots", m, registry=r)
         self.hit_rate = Gauge("localrun_prefix_cache_hit_rate",
-                              "Cached prompt tokens / prompt tokens since start (0..1)", registry=r)
+                              "Cached prompt tokens / prompt tokens since load (0..1)", m, registry=r)
+        # residency (server/models.py)
+        self.loads = Counter("localrun_model_loads", "Models loaded", m, registry=r)
+        self.unloads = Counter("localrun_model_unloads", "Models unloaded, by reason (expired, keep_alive, "
+                               "evicted, request, shutdown)", m + ["reason"], registry=r)
+        self.evictions = Counter("localrun_model_evictions", "Idle models unloaded to make room for another", m,
+                                 registry=r)
+        self.load_seconds = Histogram("localrun_model_load_seconds", "Cold start: plan + load of a model", m,
+                                      buckets=_LOAD_BUCKETS, registry=r)
+        self.resident_bytes = Gauge("localrun_model_resident_bytes", "Memory a resident model holds by the "
+                                    "planner, per tier (vram, ram)", m + ["tier"], registry=r)
+        self.models_loaded = Gauge("localrun_models_loaded", "Resident models", registry=r)
+
+    def for_model(self, model: str, n_parallel: int, kv_cells_total: int) -> "ModelMetrics":
+        """The view one model's scheduler updates (its gauges start at 0)."""
+        return ModelMetrics(self, model, n_parallel, kv_cells_total)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Bound:
+    """A labelled family with the ``model`` label filled in: ``.labels(reason)`` → the child."""
+
+    def __init__(self, family, model: str) -> None:
+        self._family = family
+        self._model = model
+
+    def labels(self, *values: str):
+        return self._family.labels(self._model, *values)
+
+
+class ModelMetrics:
+    """One model's series (``ServerMetrics.for_model``); ``registry`` is the server's."""
+
+    _GAUGES = ("queue_depth", "active", "kv_cells_used", "kv_cells_total", "n_parallel", "hit_rate")
+
+    def __init__(self, parent: ServerMetrics, model: str, n_parallel: int, kv_cells_total: int) -> None:
+        self.parent = parent
+        self.model = model
+        self.registry = parent.registry
+        self.generations = _Bound(parent.generations, model)
+        for name in ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "prefix_cache_hits", "ttft",
+                     "itl") + self._GAUGES:
+            setattr(self, name, getattr(parent, name).labels(model))
         self.kv_cells_total.set(kv_cells_total)
         self.n_parallel.set(n_parallel)
+        self.queue_depth.set(0)
+        self.active.set(0)
         self._prompt = 0
         self._cached = 0
 
@@ -51,5 +108,18 @@ class ServerMetrics:
         self._cached += cached_tokens
         self.hit_rate.set(self._cached / self._prompt if self._prompt else 0.0)
 
+    def drop_gauges(self) -> None:
+        """The model was unloaded: its gauges leave /metrics (its counters stay: they are history)."""
+        for name in self._GAUGES:
+            try:
+                getattr(self.parent, name).remove(self.model)
+            except KeyError:
+                pass
+        for tier in ("vram", "ram"):
+            try:
+                self.parent.resident_bytes.remove(self.model, tier)
+            except KeyError:
+                pass
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.parent.render()

@@ -1,8 +1,9 @@
-"""Ollama wire format: ``/api/chat``, ``/api/generate`` (NDJSON streaming), ``/api/tags``, ``/api/show``,
-``/api/ps``, ``/api/version`` (Ollama docs/api.md). Errors are ``{"error": "message"}``.
+"""Ollama wire format: ``/api/chat``, ``/api/generate`` (NDJSON streaming), ``/api/show``, ``/api/embed``,
+``/api/version`` (Ollama docs/api.md); the model management routes (``/api/tags``, ``/api/ps``, ``/api/pull``,
+``/api/delete``, ``/api/copy``, load/unload by an empty prompt) are in ``ollama_admin.py``. Errors are
+``{"error": "message"}``.
 
-``/api/ps`` adds a ``localrun`` field with the load plan and memory use (``localrun ps`` reads it).
-``model`` in requests is accepted as-is: the server holds one model and answers with it.
+``model`` picks the model (``server/models.py``); ``keep_alive`` sets how long it stays after the request.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import time
 
 from fastapi import FastAPI, Request
 
-from localrun.backends.serial import serving_mode
 from localrun.dialects import Delta, ToolCallEnd, ToolCallStart
-from localrun.errors import LocalrunError, ModelNotFoundError
+from localrun.errors import LocalrunError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError
+from localrun.server.models import ModelRegistry, parse_keep_alive
 from localrun.server.reply import Finish, Reply, ReplyOptions, collect_reply, family_of, prepare_chat, reply_events
 from localrun.server.runtime import ServerState
 from localrun.server.schemas import OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
@@ -27,23 +28,28 @@ def _line(obj) -> str:
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
-def register(app: FastAPI, st: ServerState) -> None:
+def register(app: FastAPI, reg: ModelRegistry) -> None:
+    from localrun.server import ollama_admin
+
+    ollama_admin.register(app, reg)
+
     @app.get("/api/version")
     async def version() -> dict:
         from localrun import __version__
 
         return {"version": __version__}
 
-    @app.get("/api/tags")
-    async def tags() -> dict:
-        return {"models": [_entry(st)]}
-
     @app.post("/api/show")
     async def show(request: Request) -> dict:
-        show = await st.parse(request, OllamaShowRequest, lenient_type=True)
+        show = await reg.reader.parse(request, OllamaShowRequest, lenient_type=True)
         name = show.model or show.name
-        if name and not st.serves(name):
-            raise ModelNotFoundError(name, hint=f"this server serves {st.model_id!r} (GET /api/tags)")
+        if not name:
+            raise RequestError("'model' is required", param="model")
+        key = await reg.resolve_strict(name)
+        r = reg.residents.get(key)
+        if r is None:
+            return await ollama_admin.show_unloaded(name, key)
+        st = r.state
         spec = st.spec
         tpl = st.engine.template_source or ""
         caps = ["completion"] + (["tools"] if st.engine.supports_tools else []) + ["embedding"]
@@ -58,7 +64,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/embed")
     async def embed(request: Request) -> dict:
-        req = await st.parse(request, OllamaEmbedRequest, lenient_type=True)
+        st, req = await reg.routed(request, OllamaEmbedRequest, lenient_type=True)
         inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
         t0 = time.perf_counter()
         vectors, n = await st.embed(request, inputs, "input", truncate=req.truncate)
@@ -67,43 +73,19 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/embeddings")  # Ollama's older endpoint: one prompt, one vector
     async def embeddings(request: Request) -> dict:
-        req = await st.parse(request, OllamaEmbedRequest, lenient_type=True)
+        st, req = await reg.routed(request, OllamaEmbedRequest, lenient_type=True)
         vectors, _ = await st.embed(request, [req.prompt] if req.prompt else [], "prompt", truncate=req.truncate)
         return {"embedding": vectors[0]}
 
-    @app.get("/api/ps")
-    async def ps() -> dict:
-        e = _entry(st)
-        plan = st.options.plan
-        kv_bytes = int(getattr(plan, "kv_cache_bytes", 0) or 0)
-        weights = int(getattr(plan, "weights_bytes", 0) or getattr(st.spec, "tensor_bytes", st.spec.file_bytes))
-        vram = int(getattr(plan, "vram_bytes", 0) or 0)
-        e.update(expires_at="0001-01-01T00:00:00Z", size=weights + kv_bytes, size_vram=vram,
-                 context_length=st.engine.n_ctx)
-        e["localrun"] = {
-            "plan": plan.to_dict() if plan is not None else None,
-            "memory": {"rss_bytes": _rss_bytes(), "weights_bytes": weights, "kv_cache_bytes": kv_bytes,
-                       "vram_bytes": vram, "kv_cells_used": st.engine.kv_cells_used(),
-                       "kv_cells_total": st.engine.n_ctx * st.engine.n_parallel},
-            "n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel,
-            "backend": st.engine.backend, "serving": serving_mode(st.engine),
-            "active_sequences": st.scheduler.n_running, "queued": st.scheduler.n_waiting,
-            "path": st.engine.model_path, "uptime_s": round(time.time() - st.started_s, 1),
-            "hardware": st.options.hardware,
-        }
-        return {"models": [e]}
-
     @app.post("/api/chat")
     async def chat(request: Request):
-        req = await st.parse(request, OllamaChatRequest, lenient_type=True)
-        if not req.messages:  # Ollama: an empty chat loads the model and returns at once
-            return {
-                "model": st.model_id,
-                "created_at": cv.ollama_now(),
-                "message": {"role": "assistant", "content": ""},
-                "done_reason": "load",
-                "done": True,
-            }
+        req = await reg.reader.parse(request, OllamaChatRequest, lenient_type=True)
+        keep = parse_keep_alive(req.keep_alive)
+        if not req.messages:  # Ollama: an empty chat loads the model (keep_alive 0: unloads it)
+            name, reason = await ollama_admin.load_or_unload(reg, request, req.model, keep)
+            return {"model": name, "created_at": cv.ollama_now(), "message": {"role": "assistant", "content": ""},
+                    "done_reason": reason, "done": True}
+        st = await reg.state_for(request, req.model, keep_alive_s=keep)
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         for m in req.messages:
@@ -157,15 +139,13 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/api/generate")
     async def generate(request: Request):
-        req = await st.parse(request, OllamaGenerateRequest, lenient_type=True)
-        if not req.prompt and not req.system:
-            return {
-                "model": st.model_id,
-                "created_at": cv.ollama_now(),
-                "response": "",
-                "done": True,
-                "done_reason": "load",
-            }
+        req = await reg.reader.parse(request, OllamaGenerateRequest, lenient_type=True)
+        keep = parse_keep_alive(req.keep_alive)
+        if not req.prompt and not req.system:  # Ollama: loads the model (keep_alive 0: unloads it)
+            name, reason = await ollama_admin.load_or_unload(reg, request, req.model, keep)
+            return {"model": name, "created_at": cv.ollama_now(), "response": "", "done": True,
+                    "done_reason": reason}
+        st = await reg.state_for(request, req.model, keep_alive_s=keep)
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         _no_images(req.images)
         # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory
@@ -266,12 +246,3 @@ def _entry(st: ServerState) -> dict:
     except OSError:
         mtime = st.started_s
     return cv.ollama_model_entry(st.model_id, st.spec, path, mtime)
-
-
-def _rss_bytes() -> int:
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except Exception:  # pragma: no cover
-        return 0

@@ -13,25 +13,31 @@ from localrun.dialects import Delta, ToolCallArgs, ToolCallStart
 from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError, error_info
+from localrun.server.models import ModelRegistry
 from localrun.server.reply import Finish, Logprobs, collect_reply, prepare_chat, reply_events
-from localrun.server.runtime import ServerState
 from localrun.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 
-def register(app: FastAPI, st: ServerState) -> None:
+def register(app: FastAPI, reg: ModelRegistry) -> None:
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [_model_card(st)]}
+        """The resident models first (``meta.loaded`` true), then every model this server can load."""
+        from localrun.server.listing import loadable
+
+        return {"object": "list", "data": [_card(e) for e in await loadable(reg)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict:
-        if not st.serves(model_id):
-            raise ModelNotFoundError(model_id, hint=f"this server serves {st.model_id!r} (GET /v1/models)")
-        return _model_card(st)
+        from localrun.server.listing import loadable
+
+        for e in await loadable(reg):
+            if model_id in (e.name, f"{e.name}:latest") or e.resident is not None and model_id in e.resident.names():
+                return _card(e)
+        raise ModelNotFoundError(model_id, hint="GET /v1/models lists the models this server can load")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await st.parse(request, ChatCompletionRequest)
+        st, req = await reg.routed(request, ChatCompletionRequest)
         messages = cv.messages_from_openai(req.messages)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -85,7 +91,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = await st.parse(request, CompletionRequest)
+        st, req = await reg.routed(request, CompletionRequest)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -133,7 +139,7 @@ def register(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
-        req = await st.parse(request, EmbeddingRequest)
+        st, req = await reg.routed(request, EmbeddingRequest)
         inp = req.input
         if isinstance(inp, str) or (isinstance(inp, list) and inp and isinstance(inp[0], int)):
             inp = [inp]
@@ -168,14 +174,14 @@ def _encode(vec: list[float], fmt: str):
     return base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
 
 
-def _model_card(st: ServerState) -> dict:
-    return {
-        "id": st.model_id,
-        "object": "model",
-        "created": int(st.started_s),
-        "owned_by": "localrun",
-        "meta": {"n_ctx": st.engine.n_ctx, "n_parallel": st.engine.n_parallel, "path": st.engine.model_path},
-    }
+def _card(e) -> dict:
+    """One ``/v1/models`` entry (OpenAI's model object; ``meta`` is llama-server's extra field)."""
+    r = e.resident
+    meta = {"loaded": r is not None, "path": e.path, "size": e.size_bytes}
+    if r is not None:
+        meta.update(n_ctx=r.state.engine.n_ctx, n_parallel=r.state.engine.n_parallel)
+    return {"id": e.name, "object": "model", "created": int(r.state.started_s if r is not None else e.mtime_s),
+            "owned_by": "localrun", "meta": meta}
 
 
 def _effort(effort: str | None) -> tuple[bool | None, str | None]:

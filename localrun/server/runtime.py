@@ -57,35 +57,14 @@ class ServeOptions:
     hardware: dict | None = None
 
 
-class ServerState:
-    """Everything one app instance holds: engine, scheduler, metrics, options, model facts."""
+class BodyReader:
+    """Reads and validates request bodies under ``options`` (``max_body_bytes``); remembers which unknown
+    fields it has warned about. One per app, shared by every model's ``ServerState``."""
 
-    def __init__(self, engine: BatchEngine, settings, options: ServeOptions, metrics, embedder_factory=None) -> None:
-        self.engine = engine
-        self.settings = settings
+    def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.metrics = metrics
-        self.scheduler = Scheduler(engine, metrics, max_queue=options.max_queue)
-        # the GGUF header, or (an MLX folder has none) what its config.json says
-        self.spec = engine.spec
-        if self.spec is None:
-            from localrun.server.convert import folder_facts
-
-            self.spec = folder_facts(engine.model_path)
-        self.model_id = options.model_id or os.path.basename(engine.model_path).removesuffix(".gguf")
-        self.started_s = time.time()
-        self._embedder_factory = embedder_factory
-        self._embedder = None
         self._warned: set[tuple[str, str, str]] = set()
-        self.close_wait_s = 10.0  # how long close() waits for a llama_decode in progress (serve: ~1 s)
 
-    def serves(self, name: str) -> bool:
-        """Whether ``name`` names the loaded model: its id, Ollama's ``id:latest``, or the file's name.
-        (Generation requests accept any ``model``: the server holds one model and answers with it.)"""
-        base = os.path.basename(self.engine.model_path.rstrip("/"))
-        return name in (self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"))
-
-    # ------------------------------------------------------------------ requests → tokens
     async def read_json(self, request: Request, *, lenient_type: bool = False) -> Any:
         """The body as JSON. 415 unless Content-Type is JSON (``lenient_type``: also none or curl's form
         default, as Ollama accepts); 413 past ``max_body_bytes``; 400 on malformed JSON."""
@@ -126,6 +105,43 @@ class ServerState:
                 self._warned.add(key)
             log.warning("%s %s: ignored unknown field %r (%s)", client, request.url.path, path, advice)
         return req
+
+
+class ServerState:
+    """Everything one app instance holds: engine, scheduler, metrics, options, model facts."""
+
+    def __init__(self, engine: BatchEngine, settings, options: ServeOptions, metrics, embedder_factory=None, *,
+                 reader: BodyReader | None = None) -> None:
+        self.engine = engine
+        self.reader = reader or BodyReader(options)
+        self.settings = settings
+        self.options = options
+        self.metrics = metrics
+        self.scheduler = Scheduler(engine, metrics, max_queue=options.max_queue)
+        # the GGUF header, or (an MLX folder has none) what its config.json says
+        self.spec = engine.spec
+        if self.spec is None:
+            from localrun.server.convert import folder_facts
+
+            self.spec = folder_facts(engine.model_path)
+        self.model_id = options.model_id or os.path.basename(engine.model_path).removesuffix(".gguf")
+        self.started_s = time.time()
+        self._embedder_factory = embedder_factory
+        self._embedder = None
+        self.close_wait_s = 10.0  # how long close() waits for a llama_decode in progress (serve: ~1 s)
+
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` names the loaded model: its id, Ollama's ``id:latest``, or the file's name.
+        (Generation requests accept any ``model``: the server holds one model and answers with it.)"""
+        base = os.path.basename(self.engine.model_path.rstrip("/"))
+        return name in (self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"))
+
+    # ------------------------------------------------------------------ requests → tokens
+    async def read_json(self, request: Request, *, lenient_type: bool = False) -> Any:
+        return await self.reader.read_json(request, lenient_type=lenient_type)
+
+    async def parse(self, request: Request, model, *, lenient_type: bool = False):
+        return await self.reader.parse(request, model, lenient_type=lenient_type)
 
     async def chat_tokens(self, messages: list[Message], tools: list[dict] | None = None) -> tuple[str, list[int]]:
         """Render with the chat template and tokenize (in a worker thread): only the template's markers

@@ -1,0 +1,74 @@
+"""What a server can serve: its resident models first, then every model on disk that ``localrun ls`` finds
+(``/api/tags``, ``/v1/models``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from localrun.server.models import ModelRegistry, Resident, _path_key
+
+
+@dataclass
+class Loadable:
+    """One model the server can answer with. ``resident``: its ``Resident`` when loaded, else None."""
+
+    name: str  # what to send as ``model``
+    path: str
+    size_bytes: int
+    mtime_s: float
+    quant: str | None
+    source: str  # resident | embedded | package | localrun | huggingface | ollama | lmstudio
+    resident: Resident | None = None
+
+
+async def loadable(reg: ModelRegistry) -> list[Loadable]:
+    """Resident models (most recently used first), then the models on disk not loaded (``list_local_models``;
+    a server without a loader lists only its residents)."""
+    from starlette.concurrency import run_in_threadpool
+
+    out = []
+    for r in sorted(reg.residents.values(), key=lambda r: -r.last_used):
+        path = r.state.engine.model_path
+        out.append(Loadable(r.model_id, path, int(getattr(r.state.spec, "file_bytes", 0) or 0), _mtime(path),
+                            getattr(r.state.spec, "file_type", None), "resident", r))
+    if reg.loader is None:
+        return out
+
+    def scan():
+        from localrun.store.resolve import list_local_models
+
+        return list_local_models(reg.settings.models_dir, embedded=True)
+
+    seen = set(reg.residents)
+    for m in await run_in_threadpool(scan):
+        key = _path_key(m.path)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Loadable(m.ref, m.path, m.size_bytes, _mtime(m.path), m.quant, m.source))
+    return out
+
+
+def tag_entry(e: Loadable) -> dict:
+    """``/api/tags``'s entry for a model not loaded (Ollama's shape; ``loaded`` is localrun's field). The
+    details come from the name and the file listing (no header is read)."""
+    fmt = "mlx" if os.path.isdir(e.path) else "gguf"
+    return {"name": e.name, "model": e.name, "modified_at": _iso(e.mtime_s), "size": e.size_bytes,
+            "digest": hashlib.sha256(f"{e.path}:{e.size_bytes}".encode()).hexdigest(),
+            "details": {"parent_model": "", "format": fmt, "family": "", "families": [], "parameter_size": "",
+                        "quantization_level": e.quant or ""},
+            "loaded": False}
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")

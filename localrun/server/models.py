@@ -1,0 +1,735 @@
+"""The models one server holds: which are resident, loading on demand, residency by the planner's memory,
+and Ollama's keep-alive.
+
+``ModelRegistry`` maps a request's ``model`` field to the ``ServerState`` (engine + scheduler + metrics) of a
+resident model, loading it first when needed:
+
+* **Names.** Anything ``localrun ls`` finds (catalog name, pulled ``name:QUANT``, a path, Ollama's
+  ``name:tag``, a Hugging Face or LM Studio repo: ``store.resolve.resolve_model``), a resident's id, its
+  file name or ``id:latest``. No name (or ``default``) is the default model: the first one named at
+  start-up, else the embedded SmolLM2. A name that resolves to nothing is a 404 (``ModelNotFoundError``),
+  unless the server was started with a model: then it answers with that one (llama-server's behaviour, so
+  clients that send any name keep working).
+* **One load per model.** Concurrent first requests for a model wait for the same load task.
+* **Residency by memory.** A load is planned first (``Loader.plan``: the planner's VRAM and RAM bytes at
+  the server's context and parallel slots, against the server's budget). A model that cannot fit even
+  alone is a 400 with the planner's reasons. Otherwise, if it does not fit next to the residents (or
+  ``max_models`` is reached), idle residents are unloaded, least recently used first. A resident with a
+  request in flight (from routing to the last byte of its response), or pinned, is never unloaded: the
+  load waits until memory frees, at most ``load_wait_s`` (then 503 + Retry-After).
+* **Keep-alive** (Ollama's semantics): after its last request a model stays ``keep_alive`` seconds (the
+  request's ``keep_alive``, else the model's last one, else the server default); 0 unloads it when the
+  request ends, a negative value keeps it forever. Pinned models stay until explicitly unloaded.
+
+Every method runs on the event loop; planning, loading and closing engines run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from localrun.errors import LocalrunError, ModelNotFoundError
+from localrun.server.errors import QueueFullError, RequestError
+from localrun.server.runtime import BodyReader, ServeOptions, ServerState
+
+log = logging.getLogger("localrun.server")
+
+LEASES = "localrun.leases"  # the ASGI scope key holding a request's leases (set by app.py's gate)
+FOREVER = math.inf
+DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's default: 5 minutes
+_GO_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+")
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: Any, param: str = "keep_alive") -> float | None:
+    """Ollama's ``keep_alive`` → seconds (``FOREVER`` for a negative value; None when absent).
+
+    A number is seconds; a string is a Go duration (``"5m"``, ``"1h30m"``, ``"300ms"``, ``"-1m"``,
+    ``"0"``) or a number of seconds (``"300"``). api/types.go ``Duration.UnmarshalJSON`` is the source.
+    Raises RequestError naming ``param`` for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise RequestError(f"'{param}' must be a duration such as \"5m\" or a number of seconds", param=param)
+    if isinstance(value, (int, float)):
+        secs = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        try:
+            secs = float(text)
+        except ValueError:
+            if not _GO_DURATION.fullmatch(body):
+                raise RequestError(f"'{param}': cannot read {value!r} as a duration",
+                                   param=param, hint='use e.g. "5m", "1h", "30s", 0 (unload now) or -1 (never)'
+                                   ) from None
+            secs = sign * sum(float(n) * _GO_UNIT_S[u] for n, u in _GO_PART.findall(body))
+    else:
+        raise RequestError(f"'{param}' must be a duration such as \"5m\" or a number of seconds", param=param)
+    if not math.isfinite(secs) and secs > 0:
+        return FOREVER
+    return FOREVER if secs < 0 else secs
+
+
+def fmt_keep_alive(secs: float) -> str:
+    return "forever" if secs == FOREVER else f"{secs:g}s"
+
+
+class ModelsBusyError(QueueFullError):
+    """A model cannot load before ``load_wait_s``: the memory it needs is held by models serving requests
+    (503 with Retry-After)."""
+
+    def __init__(self, name: str, why: str, retry_after_s: int = 5) -> None:
+        LocalrunError.__init__(self, f"cannot load {name} now: {why}",
+                               hint="retry later; the models holding the memory are serving requests")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Need:
+    """What a resident holds by the planner, bytes: ``vram_bytes`` on GPU 0, ``ram_bytes`` in RAM (anonymous
+    memory + the mmapped weights resident in the page cache: ``Plan.ram_bytes``)."""
+
+    vram_bytes: int = 0
+    ram_bytes: int = 0
+
+    def __add__(self, other: "Need") -> "Need":
+        return Need(self.vram_bytes + other.vram_bytes, self.ram_bytes + other.ram_bytes)
+
+
+@dataclass
+class Budget:
+    """What the server may hold, bytes (``None``: no GPU budget / no limit); ``max_models`` a count cap."""
+
+    ram_bytes: int | None = None
+    vram_bytes: int | None = None
+    max_models: int | None = None
+
+    def fits(self, used: Need, n_models: int) -> bool:
+        if self.max_models is not None and n_models > self.max_models:
+            return False
+        if self.ram_bytes is not None and used.ram_bytes > self.ram_bytes:
+            return False
+        return self.vram_bytes is None or used.vram_bytes <= self.vram_bytes
+
+
+@dataclass
+class Planned:
+    """A model planned for loading (``Loader.plan``). ``fits``/``reasons``: the planner's verdict alone in the
+    budget; ``asked``/``given``: the configuration asked for and the one planned (shown when they differ)."""
+
+    path: str
+    need: Need
+    plan: Any = None
+    fits: bool = True
+    reasons: list[str] = field(default_factory=list)
+    asked: dict = field(default_factory=dict)
+    given: dict = field(default_factory=dict)
+    hardware: dict | None = None
+    prepared: Any = None  # the loader's own (loading.Prepared)
+
+
+class Loader(Protocol):
+    """How the registry plans and loads (``PlannerLoader``; tests inject a fake)."""
+
+    def plan(self, path: str) -> Planned: ...
+
+    def load(self, planned: Planned) -> Any: ...  # → an Engine
+
+
+@dataclass(eq=False)
+class Resident:
+    """A model in memory, or being unloaded."""
+
+    key: str  # the resolved path: one resident per file
+    model_id: str
+    state: ServerState
+    need: Need
+    planned: Planned | None
+    keep_alive_s: float
+    pinned: bool = False
+    owned: bool = True  # False: the engine was handed to create_app; its owner closes it
+    refs: int = 0  # requests holding it (routed, not yet answered)
+    last_used: float = field(default_factory=time.monotonic)
+    expires_at: float | None = None  # monotonic; None: never (or in use)
+    load_s: float = 0.0
+    loaded_at: float = field(default_factory=time.time)
+    unloading: bool = False
+
+    def names(self) -> set[str]:
+        path = self.state.engine.model_path.rstrip("/")
+        base = Path(path).name
+        return {self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"), path, self.key}
+
+    def asked_given(self) -> dict | None:
+        """{"asked", "given", "reasons"} when the plan gives less than asked, else None."""
+        p = self.planned
+        if p is None or not p.asked or p.asked == p.given:
+            return None
+        return {"asked": p.asked, "given": p.given, "reasons": p.reasons}
+
+
+@dataclass(eq=False)
+class Lease:
+    resident: Resident
+    keep_alive_s: float | None
+
+
+class ModelRegistry:
+    """The resident models of one server (module docstring). ``loader`` None: only adopted models serve."""
+
+    def __init__(self, settings, options: ServeOptions, metrics, *, loader: Loader | None = None,
+                 budget: Budget | None = None, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+                 keep_alive_by_model: dict[str, float] | None = None, pins: tuple[str, ...] = (),
+                 load_wait_s: float = 120.0, embedder_factory=None) -> None:
+        self.settings = settings
+        self.options = options
+        self.metrics = metrics
+        self.loader = loader
+        self.budget = budget or Budget()
+        self.keep_alive_s = keep_alive_s
+        self.keep_alive_by_model = dict(keep_alive_by_model or {})
+        self.pins = set(pins)
+        self.load_wait_s = load_wait_s
+        self.embedder_factory = embedder_factory
+        self.reader = BodyReader(options)
+        self.residents: dict[str, Resident] = {}
+        self._freeing: dict[str, Need] = {}  # keys being unloaded: their memory is held until closed
+        self._reserved: dict[str, Need] = {}  # keys being loaded
+        self._loading: dict[str, asyncio.Future] = {}
+        self._wanted: Counter[str] = Counter()  # requests waiting for a load of key to finish
+        self._names: dict[str, str] = {}  # name → key (resolved before)
+        self._missing: set[str] = set()
+        self._fallback_logged: set[str] = set()
+        self.default_key: str | None = None  # the first model named at start-up
+        self._changed: asyncio.Event | None = None
+        self.close_wait_s = 10.0
+
+    # ------------------------------------------------------------------ start-up (before serving)
+    def adopt(self, engine, *, plan=None, hardware: dict | None = None, model_id: str | None = None,
+              owned: bool = False, pinned: bool = True, planned: Planned | None = None, load_s: float = 0.0,
+              key: str | None = None) -> ServerState:
+        """Serve an already loaded ``engine`` (``create_app(engine)``, or a start-up load). It becomes the
+        default model when it is the first. Not ``owned``: the registry never closes it."""
+        from localrun.backends import as_batch_engine
+
+        engine = as_batch_engine(engine)
+        opts = replace(self.options, model_id=model_id or self.options.model_id, plan=plan or self.options.plan,
+                       hardware=hardware or self.options.hardware)
+        key = key or _path_key(engine.model_path)
+        st = self._state(engine, opts)
+        need = planned.need if planned is not None else _plan_need(plan)
+        r = Resident(key, st.model_id, st, need, planned, self._default_keep_alive(st.model_id, key),
+                     pinned=pinned or self._pinned(st.model_id, key), owned=owned, load_s=load_s)
+        self.residents[key] = r
+        if self.default_key is None:
+            self.default_key = key
+        self._on_loaded(r)
+        return st
+
+    def preload(self, name: str | None, *, model_id: str | None = None, pinned: bool = False) -> ServerState:
+        """Load ``name`` now, synchronously (``localrun serve MODEL``): planned, checked against the budget
+        next to the models already loaded (nothing is evicted at start-up), loaded. Raises
+        ModelNotFoundError, InsufficientMemoryError (it does not fit), load errors."""
+        from localrun.errors import InsufficientMemoryError
+
+        key = self._resolve_sync(name)
+        if key in self.residents:
+            return self.residents[key].state
+        t0 = time.perf_counter()
+        planned = self.loader.plan(key)
+        self._check_alone(name or key, planned)
+        used = self._used() + planned.need
+        if not self.budget.fits(used, len(self.residents) + 1):
+            raise InsufficientMemoryError(
+                f"{name} does not fit next to the models loaded before it ({_need_text(used)} > "
+                f"{_budget_text(self.budget)})", hint="raise --max-memory/--max-vram/--max-models, or name fewer "
+                "models at start-up (the others load on first request)")
+        engine = self.loader.load(planned)
+        mid = model_id or _model_id(name, engine.model_path)
+        return self.adopt(engine, plan=planned.plan, hardware=planned.hardware, model_id=mid, owned=True,
+                          pinned=pinned, planned=planned, load_s=time.perf_counter() - t0, key=key)
+
+    # ------------------------------------------------------------------ requests
+    async def routed(self, request, schema, *, lenient_type: bool = False) -> tuple[ServerState, Any]:
+        """The body validated as ``schema``, and the state of the model its ``model`` field names (loaded
+        and leased for this request; a ``keep_alive`` field applies when the request ends)."""
+        req = await self.reader.parse(request, schema, lenient_type=lenient_type)
+        keep = parse_keep_alive(getattr(req, "keep_alive", None))
+        return await self.state_for(request, getattr(req, "model", None), keep_alive_s=keep), req
+
+    async def state_for(self, request, name: str | None, *, keep_alive_s: float | None = None) -> ServerState:
+        """The ``ServerState`` of the model ``name`` picks, loading it first when needed; the request holds
+        it (never evicted) until its response ends (``release``). Raises ModelNotFoundError, RequestError
+        (it cannot fit even alone), ModelsBusyError, load errors."""
+        key = await self.resolve(name)
+        self._wanted[key] += 1
+        try:
+            while True:
+                r = self.residents.get(key)
+                if r is not None and not r.unloading:
+                    r.refs += 1
+                    r.last_used = time.monotonic()
+                    r.expires_at = None
+                    leases = request.scope.setdefault(LEASES, [])
+                    leases.append(Lease(r, keep_alive_s))
+                    return r.state
+                fut = self._loading.get(key)
+                if fut is None:
+                    fut = self._loading[key] = asyncio.ensure_future(self._load(key, name))
+                    fut.add_done_callback(lambda f, k=key: self._loading.pop(k, None)
+                                          if self._loading.get(k) is f else None)
+                await asyncio.shield(fut)
+        finally:
+            self._wanted[key] -= 1
+            if not self._wanted[key]:
+                del self._wanted[key]
+
+    def release(self, leases: list) -> None:
+        """A request's response ended: its models' keep-alive clocks start (0: unload now)."""
+        for lease in leases:
+            r = lease.resident
+            r.refs -= 1
+            if lease.keep_alive_s is not None:
+                r.keep_alive_s = lease.keep_alive_s
+            r.last_used = time.monotonic()
+            if r.refs == 0 and not r.pinned and not r.unloading:
+                if r.keep_alive_s == 0:
+                    asyncio.ensure_future(self._unload_when_idle(r, "keep_alive"))
+                elif r.keep_alive_s != FOREVER:
+                    r.expires_at = r.last_used + r.keep_alive_s
+        if leases:
+            self._notify()
+
+    async def resolve(self, name: str | None) -> str:
+        """``name`` → the key (path) of the model it names (module docstring). Raises ModelNotFoundError."""
+        key = self._known(name)
+        if key is not None:
+            return key
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            return await run_in_threadpool(self._resolve_sync, name)
+        except ModelNotFoundError:
+            if self.default_key is None:
+                raise
+            if name not in self._fallback_logged and len(self._fallback_logged) < 1000:
+                self._fallback_logged.add(name)
+                log.info("model %r is not on this machine: answering with %s", name,
+                         self.residents[self.default_key].model_id if self.default_key in self.residents
+                         else self.default_key)
+            return self.default_key
+
+    async def resolve_strict(self, name: str) -> str:
+        """``name`` → key, with no fallback to the default model. Raises ModelNotFoundError."""
+        key = self._known(name)
+        if key is not None:
+            return key
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(self._resolve_sync, name)
+
+    def _known(self, name: str | None) -> str | None:
+        if not name or name == "default":
+            return self.default_key or self._names.get("")
+        for r in self.residents.values():
+            if name in r.names():
+                return r.key
+        return self._names.get(name)
+
+    def _resolve_sync(self, name: str | None) -> str:
+        key = self._known(name)
+        if key is not None:
+            return key
+        if name in self._missing:
+            raise ModelNotFoundError(name, hint="GET /api/tags lists the models this server can load; "
+                                     "`localrun pull NAME` (or POST /api/pull) fetches one")
+        from localrun.store.resolve import resolve_model
+
+        try:
+            key = _path_key(resolve_model(name or None, self.settings.models_dir))
+        except ModelNotFoundError:
+            if name and len(self._missing) < 10_000:
+                self._missing.add(name)
+            raise
+        self._names[name or ""] = key
+        return key
+
+    def forget_names(self) -> None:
+        """The store changed (pull, copy, delete): names resolve again."""
+        self._names.clear()
+        self._missing.clear()
+
+    # ------------------------------------------------------------------ load / unload
+    async def _load(self, key: str, name: str | None) -> Resident:
+        from starlette.concurrency import run_in_threadpool
+
+        if self.loader is None:
+            raise ModelNotFoundError(name or key, hint="this server serves only the models it was started with")
+        t0 = time.perf_counter()
+        planned = await run_in_threadpool(self.loader.plan, key)
+        self._check_alone(name or key, planned)
+        await self._make_room(key, name or key, planned.need)
+        try:
+            engine = await run_in_threadpool(self.loader.load, planned)
+        except BaseException:
+            self._reserved.pop(key, None)
+            self._notify()
+            raise
+        load_s = time.perf_counter() - t0
+        mid = _model_id(name, engine.model_path)
+        st = self.adopt(engine, plan=planned.plan, hardware=planned.hardware, model_id=mid, owned=True,
+                        pinned=False, planned=planned, load_s=load_s, key=key)
+        self._reserved.pop(key, None)
+        st.scheduler.start()
+        self._notify()
+        return self.residents[key]
+
+    def _check_alone(self, name: str, planned: Planned) -> None:
+        """RequestError (400) with the planner's reasons when ``planned`` cannot fit even alone."""
+        alone_ok = self.budget.fits(planned.need, 1)
+        if planned.fits and alone_ok:
+            return
+        why = "; ".join(planned.reasons[:6]) or f"it needs {_need_text(planned.need)}"
+        raise RequestError(f"{name} cannot be loaded by this server even alone: it needs "
+                           f"{_need_text(planned.need)}, the server may use {_budget_text(self.budget)} ({why})",
+                           param="model", code="model_too_large",
+                           hint="pick a smaller quantization or model, or restart the server with a larger "
+                           "--max-memory/--max-vram or a shorter --ctx")
+
+    async def _make_room(self, key: str, name: str, need: Need) -> None:
+        """Reserve ``need`` for ``key``, unloading idle residents (LRU first) as needed; wait (at most
+        ``load_wait_s``) while busy ones hold the memory. Raises ModelsBusyError."""
+        deadline = time.monotonic() + self.load_wait_s
+        while True:
+            victims = self._victims(need)
+            if victims is not None:
+                self._reserved[key] = need
+                for r in victims:
+                    self.metrics.evictions.labels(r.model_id).inc()
+                    log.info("evicting %s (idle since %.0f s) to load %s", r.model_id,
+                             time.monotonic() - r.last_used, name)
+                    self._begin_unload(r)
+                for r in victims:
+                    await self._finish_unload(r, "evicted")
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                busy = [r.model_id for r in self.residents.values() if not self._idle(r)]
+                raise ModelsBusyError(name, f"it needs {_need_text(need)} and the models using the memory "
+                                      f"are busy ({', '.join(busy) or 'loading'}) after {self.load_wait_s:g} s")
+            await self._wait_change(left)
+
+    def _victims(self, need: Need) -> list[Resident] | None:
+        """The idle residents to unload so that ``need`` fits (least recently used first): [] when it fits
+        already, None when it cannot fit until a busy model goes idle."""
+        used = self._used() + need
+        n = len(self.residents) + len(self._reserved) + 1
+        out: list[Resident] = []
+        idle = sorted((r for r in self.residents.values() if self._idle(r) and not r.pinned),
+                      key=lambda r: r.last_used)
+        while not self.budget.fits(used, n):
+            if not idle:
+                return None
+            r = idle.pop(0)
+            out.append(r)
+            used = Need(used.vram_bytes - r.need.vram_bytes, used.ram_bytes - r.need.ram_bytes)
+            n -= 1
+        return out
+
+    def _idle(self, r: Resident) -> bool:
+        sch = r.state.scheduler
+        return (r.refs == 0 and not self._wanted.get(r.key) and not r.unloading and sch.n_running == 0
+                and sch.n_waiting == 0)
+
+    def _used(self) -> Need:
+        total = Need()
+        for n in [r.need for r in self.residents.values()] + list(self._freeing.values()) + list(
+                self._reserved.values()):
+            total = total + n
+        return total
+
+    def _begin_unload(self, r: Resident) -> None:
+        r.unloading = True
+        self.residents.pop(r.key, None)
+        self._freeing[r.key + f"#{id(r)}"] = r.need
+
+    async def _finish_unload(self, r: Resident, reason: str) -> None:
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            await run_in_threadpool(self._close_resident, r)
+        finally:
+            self._freeing.pop(r.key + f"#{id(r)}", None)
+            self.metrics.unloads.labels(r.model_id, reason).inc()
+            self.metrics.models_loaded.set(len(self.residents))
+            r.state.metrics.drop_gauges()
+            log.info("unloaded %s (%s)", r.model_id, reason)
+            self._notify()
+
+    def _close_resident(self, r: Resident) -> None:
+        r.state.close_wait_s = self.close_wait_s
+        idle = r.state.close()
+        if r.owned and idle:
+            r.state.engine.close()
+        elif r.owned:
+            log.warning("%s: the scheduler is still inside llama_decode; its engine is left open", r.model_id)
+
+    async def _unload_when_idle(self, r: Resident, reason: str) -> bool:
+        if r.unloading or r.key not in self.residents or not self._idle(r):
+            return False
+        self._begin_unload(r)
+        await self._finish_unload(r, reason)
+        return True
+
+    async def unload(self, name: str) -> bool:
+        """Unload the resident ``name`` names (``/api/generate`` with ``keep_alive: 0``, ``localrun stop``),
+        waiting for its requests to end (at most ``load_wait_s``). → False when it is not loaded."""
+        key = self._known(name)
+        if key is None:
+            try:
+                from starlette.concurrency import run_in_threadpool
+
+                key = await run_in_threadpool(self._resolve_sync, name)
+            except ModelNotFoundError:
+                return False
+        r = self.residents.get(key)
+        if r is None:
+            return False
+        r.keep_alive_s = 0
+        deadline = time.monotonic() + self.load_wait_s
+        while not self._idle(r):
+            if r.unloading or key not in self.residents:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ModelsBusyError(r.model_id, "it is still serving requests")
+            await self._wait_change(min(left, 0.25))
+        return await self._unload_when_idle(r, "request")
+
+    async def reap(self, period_s: float = 0.5) -> None:
+        """Unload the idle residents whose keep-alive ran out, forever (the app's lifespan runs it)."""
+        while True:
+            now = time.monotonic()
+            for r in list(self.residents.values()):
+                if (r.expires_at is not None and now >= r.expires_at and not r.pinned
+                        and r.keep_alive_s != FOREVER and self._idle(r)):
+                    await self._unload_when_idle(r, "expired")
+            await asyncio.sleep(period_s)
+
+    # ------------------------------------------------------------------ shutdown
+    def start(self) -> None:
+        for r in self.residents.values():
+            r.state.scheduler.start()
+
+    def shutdown(self) -> None:
+        """SIGINT/SIGTERM: end every request of every model now (see ``ServerState.shutdown``)."""
+        for r in list(self.residents.values()):
+            r.state.shutdown()
+
+    def close(self) -> bool:
+        """Stop every scheduler; close the engines the registry loaded when their scheduler is idle.
+        → True when every scheduler is idle."""
+        ok = True
+        for r in list(self.residents.values()):
+            r.state.close_wait_s = self.close_wait_s
+            idle = r.state.close()
+            ok = ok and idle
+            if idle and r.owned:
+                r.state.engine.close()
+        return ok
+
+    @property
+    def idle(self) -> bool:
+        return all(r.state.scheduler.idle for r in self.residents.values())
+
+    # ------------------------------------------------------------------ views
+    @property
+    def default_state(self) -> ServerState | None:
+        r = self.residents.get(self.default_key or "")
+        return r.state if r is not None else None
+
+    def busy(self, r: Resident) -> bool:
+        return not self._idle(r)
+
+    def expires_at(self, r: Resident) -> str:
+        """Ollama's ``expires_at`` (RFC 3339, UTC): when the idle model unloads; a busy model's is its
+        keep-alive from now; never: 292 years on, as Ollama's maximal duration gives."""
+        if r.pinned or r.keep_alive_s == FOREVER:
+            when = datetime.now(timezone.utc) + timedelta(days=292 * 365)
+        elif r.expires_at is not None:
+            when = datetime.now(timezone.utc) + timedelta(seconds=max(0.0, r.expires_at - time.monotonic()))
+        else:
+            when = datetime.now(timezone.utc) + timedelta(seconds=r.keep_alive_s)
+        return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+    # ------------------------------------------------------------------ helpers
+    def _state(self, engine, opts: ServeOptions) -> ServerState:
+        factory = self.embedder_factory
+        if factory is None and engine.backend == "llamacpp":
+            from localrun.backends.llamacpp_embed import LlamaCppEmbedder
+
+            factory = LlamaCppEmbedder
+        elif factory is None:
+            factory = no_embeddings
+        mid = opts.model_id or Path(engine.model_path).name.removesuffix(".gguf")
+        view = self.metrics.for_model(mid, engine.n_parallel, engine.n_ctx * engine.n_parallel)
+        return ServerState(engine, self.settings, replace(opts, model_id=mid), view, factory, reader=self.reader)
+
+    def _on_loaded(self, r: Resident) -> None:
+        m = self.metrics
+        m.loads.labels(r.model_id).inc()
+        m.load_seconds.labels(r.model_id).observe(r.load_s)
+        m.resident_bytes.labels(r.model_id, "vram").set(r.need.vram_bytes)
+        m.resident_bytes.labels(r.model_id, "ram").set(r.need.ram_bytes)
+        m.models_loaded.set(len(self.residents))
+        ag = r.asked_given()
+        extra = f"; asked {ag['asked']}, given {ag['given']} ({'; '.join(ag['reasons'][:3])})" if ag else ""
+        log.info("loaded %s in %.2f s (%s RAM, %s VRAM by the plan, keep-alive %s%s)%s", r.model_id, r.load_s,
+                 _fmt(r.need.ram_bytes), _fmt(r.need.vram_bytes), fmt_keep_alive(r.keep_alive_s),
+                 ", pinned" if r.pinned else "", extra)
+
+    def _default_keep_alive(self, model_id: str, key: str) -> float:
+        for name in (model_id, key, Path(key).name, Path(key).stem):
+            if name in self.keep_alive_by_model:
+                return self.keep_alive_by_model[name]
+        return self.keep_alive_s
+
+    def _pinned(self, model_id: str, key: str) -> bool:
+        return bool(self.pins & {model_id, key, Path(key).name, Path(key).stem})
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+        self._changed = None
+
+    async def _wait_change(self, timeout_s: float) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._changed.wait(), min(timeout_s, 1.0))
+        except asyncio.TimeoutError:
+            pass
+
+
+class PlannerLoader:
+    """The server's ``Loader``: ``loading.plan_load`` for ``hardware`` (the machine as probed at start-up, its
+    free RAM and VRAM capped by ``--max-memory``/``--max-vram``) at the server's context and parallel slots,
+    then ``loading.load_planned``. ``templates``: a ``--chat-template`` per model key (start-up models)."""
+
+    def __init__(self, settings, hardware, *, backend: str | None = None, n_ctx: int | None = None,
+                 n_parallel: int = 1, kv_type: str | None = None, flash_attn: bool | None = None,
+                 n_threads: int | None = None, force: bool = False) -> None:
+        self.settings = settings
+        self.hardware = hardware
+        self.backend = backend or getattr(settings, "backend", None) or "llamacpp"
+        self.n_ctx = n_ctx
+        self.n_parallel = n_parallel
+        self.kv_type = kv_type
+        self.flash_attn = flash_attn
+        self.n_threads = n_threads
+        self.force = force
+        self.templates: dict[str, str] = {}
+
+    def plan(self, path: str) -> Planned:
+        from localrun.loading import plan_load
+
+        serial = self.backend not in ("llamacpp", "auto")
+        prep = plan_load(path, backend=self.backend, n_ctx=self.n_ctx, n_parallel=1 if serial else self.n_parallel,
+                         kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
+                         chat_template=self.templates.get(path), force=self.force,
+                         models_dir=self.settings.models_dir, hardware=self.hardware, warn=False)
+        plan, spec = prep.plan, prep.spec
+        hw = self.hardware.to_dict() if hasattr(self.hardware, "to_dict") else None
+        if spec is None:  # an MLX folder: its files are what it holds
+            size = sum(f.stat().st_size for f in Path(prep.path).glob("*.safetensors"))
+            return Planned(str(prep.path), Need(0, size), plan, True, [], hardware=hw, prepared=prep)
+        for w in plan.warnings:
+            log.warning("%s: %s", Path(prep.path).name, w)
+        gpu = bool(getattr(self.hardware, "gpus", None)) and plan.backend == "llamacpp"
+        asked = {"n_ctx": self.n_ctx or spec.n_ctx_train or plan.n_ctx, "n_gpu_layers": "all" if gpu else 0,
+                 "kv_type": self.kv_type or "f16"}
+        given = {"n_ctx": plan.n_ctx, "n_gpu_layers": "all" if gpu and plan.n_gpu_layers >= spec.n_layer
+                 else plan.n_gpu_layers, "kv_type": plan.kv_type}
+        return Planned(str(prep.path), Need(int(plan.vram_bytes), int(plan.ram_bytes)), plan,
+                       bool(plan.fits or self.force), list(plan.reasons), asked, given, hw, prep)
+
+    def load(self, planned: Planned):
+        from localrun.loading import load_planned
+
+        return load_planned(planned.prepared).engine
+
+
+def budget_hardware(hw, *, max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
+                    max_models: int | None = None):
+    """(the profile to plan with, the ``Budget``): the probed free RAM and GPU-0 VRAM, capped by
+    ``max_ram_bytes``/``max_vram_bytes``. Raises nothing."""
+    ram = hw.ram_available_bytes if max_ram_bytes is None else min(max_ram_bytes, hw.ram_available_bytes)
+    gpus = list(hw.gpus)
+    vram = None
+    if gpus:
+        vram = gpus[0].usable_bytes if max_vram_bytes is None else min(max_vram_bytes, gpus[0].usable_bytes)
+        g = gpus[0]
+        gpus[0] = replace(g, free_bytes=vram, working_set_bytes=min(g.working_set_bytes, vram)
+                          if g.working_set_bytes else None)
+    return replace(hw, ram_available_bytes=ram, gpus=gpus), Budget(ram, vram, max_models)
+
+
+def no_embeddings(engine):
+    """/v1/embeddings on a backend without an embedding context (MLX): a 501 that says what to do."""
+    raise RequestError(f"embeddings need the llama.cpp backend (this server runs {engine.backend})",
+                       code="unsupported", status=501,
+                       hint="start the server with `localrun serve --backend llamacpp` for /v1/embeddings")
+
+
+def _path_key(path) -> str:
+    try:
+        return str(Path(path).resolve())
+    except OSError:
+        return str(path)
+
+
+def _model_id(name: str | None, path: str) -> str:
+    """What the API calls a model loaded by ``name``: the name itself, unless it is a path or absent (then
+    the file's display name, as `fit` prints it)."""
+    from localrun.store.resolve import display_name, looks_like_path
+
+    if name and name != "default" and not looks_like_path(name) and not Path(name).exists():
+        return name
+    return display_name(path)
+
+
+def _plan_need(plan) -> Need:
+    if plan is None:
+        return Need()
+    return Need(int(getattr(plan, "vram_bytes", 0) or 0), int(getattr(plan, "ram_bytes", 0) or 0))
+
+
+def _fmt(n: int) -> str:
+    from localrun.units import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def _need_text(n: Need) -> str:
+    return f"{_fmt(n.ram_bytes)} of RAM" + (f" and {_fmt(n.vram_bytes)} of VRAM" if n.vram_bytes else "")
+
+
+def _budget_text(b: Budget) -> str:
+    parts = [f"{_fmt(b.ram_bytes)} of RAM" if b.ram_bytes is not None else "any RAM"]
+    if b.vram_bytes is not None:
+        parts.append(f"{_fmt(b.vram_bytes)} of VRAM")
+    if b.max_models is not None:
+        parts.append(f"{b.max_models} model{'s' if b.max_models != 1 else ''}")
+    return ", ".join(parts)

@@ -1,0 +1,213 @@
+"""One server, many models (issue 16), on the real models: SmolLM2 (chat) and Gemma-3-270M (a base model,
+driven through /v1/completions and /api/generate raw) behind a real uvicorn server whose registry plans with
+the planner (commands/serve.py make_registry, as `localrun serve` builds it)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from helpers import ServerThread, localrun_inprocess, metric_value
+
+pytestmark = pytest.mark.model  # every test here loads real models
+
+N_CTX = 512
+GiB = 1 << 30
+
+
+def serve(tmp_path, **residency):
+    """A live server with no model at start-up (as `localrun serve`), 2 slots of N_CTX tokens, 1 thread."""
+    from localrun.commands.serve import make_registry
+    from localrun.config import Settings
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    settings = Settings(home=tmp_path, models_dir=tmp_path / "models")
+    opts = ServeOptions()
+    reg = make_registry(settings, opts, parallel=2, ctx=N_CTX, threads=1, **residency)
+    return ServerThread(create_app(None, settings, opts, registry=reg)), reg
+
+
+def needs(tmp_path, *paths) -> list[int]:
+    """The planner's RAM bytes for each model at the server's context and slots (what residency counts)."""
+    from localrun.commands.serve import make_registry
+    from localrun.config import Settings
+    from localrun.server.runtime import ServeOptions
+
+    reg = make_registry(Settings(home=tmp_path, models_dir=tmp_path / "models"), ServeOptions(), parallel=2,
+                        ctx=N_CTX, threads=1)
+    return [reg.loader.plan(str(p)).need.ram_bytes for p in paths]
+
+
+def gemma_complete(http, gemma, n: int = 8, **kw):
+    r = http.post("/v1/completions", json={"model": str(gemma), "prompt": "The capital of France is",
+                                           "max_tokens": n, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def smol_chat(http, smol, n: int = 8):
+    r = http.post("/v1/chat/completions", json={"model": str(smol), "max_tokens": n, "temperature": 0,
+                                                "messages": [{"role": "user", "content": "Say hi."}]})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_both_models_answer_by_name_and_are_listed(tmp_path, smollm_path, gemma_path):
+    srv, reg = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            assert http.get("/api/ps").json() == {"models": []}
+            r = smol_chat(http, smollm_path)
+            assert r.json()["choices"][0]["message"]["content"] and r.json()["model"] == "SmolLM2-135M-Instruct.Q4_1"
+            assert r.headers["x-localrun-model"] == "SmolLM2-135M-Instruct.Q4_1"
+            r = gemma_complete(http, gemma_path)
+            assert r.json()["choices"][0]["text"] and r.headers["x-localrun-model"] == r.json()["model"]
+            g = http.post("/api/generate", json={"model": str(gemma_path), "prompt": "The capital of France is",
+                                                 "raw": True, "stream": False, "options": {"num_predict": 4}})
+            assert g.status_code == 200 and g.json()["done"] is True and g.json()["eval_count"] == 4
+            ps = http.get("/api/ps").json()["models"]
+            assert len(ps) == 2 and ps[0]["name"] == g.json()["model"]  # most recently used first
+            for m in ps:  # Ollama's documented /api/ps fields, and localrun's
+                assert {"name", "model", "size", "digest", "details", "expires_at", "size_vram"} <= set(m)
+                assert m["size"] > 0 and m["size_vram"] == 0 and m["context_length"] == N_CTX
+                assert m["busy"] is False and m["expires_at"].endswith("Z") and m["details"]["format"] == "gguf"
+            tags = http.get("/api/tags").json()["models"]
+            assert [t["loaded"] for t in tags[:2]] == [True, True] and not any(t["loaded"] for t in tags[2:])
+            cards = http.get("/v1/models").json()["data"]
+            assert {c["id"] for c in cards if c["meta"]["loaded"]} == {m["name"] for m in ps}
+            text = http.get("/metrics").text
+            for m in ps:
+                assert metric_value(text, "localrun_model_loads_total", model=m["name"]) == 1
+                assert metric_value(text, "localrun_model_resident_bytes", model=m["name"], tier="ram") > 0
+                assert metric_value(text, "localrun_generated_tokens_total", model=m["name"]) > 0
+            assert metric_value(text, "localrun_model_evictions_total") == 0
+    finally:
+        srv.stop()
+
+
+def test_lru_eviction_under_a_memory_cap_that_fits_one(tmp_path, smollm_path, gemma_path):
+    smol_b, gemma_b = needs(tmp_path, smollm_path, gemma_path)
+    cap = max(smol_b, gemma_b) + min(smol_b, gemma_b) // 2  # either alone fits, both do not
+    srv, reg = serve(tmp_path, max_ram_bytes=cap)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            smol_chat(http, smollm_path)
+            gemma_complete(http, gemma_path)  # evicts the idle SmolLM2
+            names = [m["localrun"]["path"] for m in http.get("/api/ps").json()["models"]]
+            assert names == [str(gemma_path)]
+            smol_chat(http, smollm_path)  # and back
+            assert [m["localrun"]["path"] for m in http.get("/api/ps").json()["models"]] == [str(smollm_path)]
+            assert metric_value(http.get("/metrics").text, "localrun_model_evictions_total") == 2
+    finally:
+        srv.stop()
+
+
+def test_a_busy_model_is_not_evicted_the_other_waits_then_is_served(tmp_path, smollm_path, gemma_path):
+    smol_b, gemma_b = needs(tmp_path, smollm_path, gemma_path)
+    srv, reg = serve(tmp_path, max_ram_bytes=max(smol_b, gemma_b) + min(smol_b, gemma_b) // 2)
+    n_long = 120
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            gemma_complete(http, gemma_path)  # resident
+            done: dict = {}
+
+            def want_smollm():
+                done["smol"] = smol_chat(http, smollm_path)
+                done["smol_t"] = time.monotonic()
+
+            body = {"model": str(gemma_path), "prompt": "1, 2, 3,", "max_tokens": n_long, "temperature": 0,
+                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            pieces, finish, usage = [], None, None
+            with http.stream("POST", "/v1/completions", json=body) as s:
+                assert s.status_code == 200
+                for line in s.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    ev = json.loads(line[6:])
+                    if ev.get("usage"):
+                        usage = ev["usage"]
+                    for c in ev.get("choices") or []:
+                        pieces.append(c["text"])
+                        finish = c["finish_reason"] or finish
+                    if len(pieces) == 3:  # mid-stream: ask for the other model, which does not fit beside it
+                        t = threading.Thread(target=want_smollm)
+                        t.start()
+                t_stream_end = time.monotonic()
+            t.join(300)
+            assert finish == "length" and usage["completion_tokens"] == n_long  # the stream ended whole
+            assert "smol" in done and done["smol_t"] >= t_stream_end  # served after the stream, not instead
+            assert done["smol"].json()["choices"][0]["message"]["content"]
+            ps = http.get("/api/ps").json()["models"]
+            assert [m["localrun"]["path"] for m in ps] == [str(smollm_path)]
+    finally:
+        srv.stop()
+
+
+def test_keep_alive_zero_unloads_and_frees_memory(tmp_path, gemma_path, smollm_path):
+    import psutil
+
+    proc = psutil.Process()
+    srv, reg = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            def cycle(path) -> tuple[int, int]:
+                r = http.post("/api/generate", json={"model": str(path), "prompt": "Once upon a time", "raw": True,
+                                                     "stream": False, "options": {"num_predict": 2}})
+                assert r.status_code == 200
+                loaded = proc.memory_info().rss
+                r = http.post("/api/generate", json={"model": str(path), "keep_alive": 0}).json()
+                assert r["done_reason"] == "unload" and r["done"] is True and r["response"] == ""
+                assert http.get("/api/ps").json()["models"] == []
+                return loaded, proc.memory_info().rss
+
+            loaded, unloaded = cycle(gemma_path)
+            size = gemma_path.stat().st_size
+            assert loaded - unloaded > size // 4, (loaded, unloaded, size)  # the weights' pages went with it
+            start = proc.memory_info().rss
+            for _ in range(20):
+                cycle(smollm_path)
+            end = proc.memory_info().rss
+            assert end <= start * 1.05, (start, end)  # 20 load/unload cycles leak nothing
+            r = http.post("/api/generate", json={"model": str(smollm_path), "keep_alive": "10m"}).json()
+            assert r["done_reason"] == "load" and len(http.get("/api/ps").json()["models"]) == 1
+            text = http.get("/metrics").text
+            assert metric_value(text, "localrun_model_unloads_total", reason="request") == 21
+    finally:
+        srv.stop()
+
+
+def test_a_model_too_big_even_alone_gets_the_planners_reasons(tmp_path, smollm_path):
+    srv, reg = serve(tmp_path, max_ram_bytes=20 << 20)
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=300,
+                       json={"model": str(smollm_path), "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_too_large", r.text
+        msg = r.json()["error"]["message"]
+        assert "even alone" in msg and "MiB of RAM" in msg and "--max-memory" in msg
+        assert httpx.get(srv.url + "/api/ps").json()["models"] == []
+    finally:
+        srv.stop()
+
+
+def test_localrun_ps_and_stop_talk_to_the_server(tmp_path, smollm_path):
+    srv, reg = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            smol_chat(http, smollm_path)
+        ps = localrun_inprocess("ps", "--json", "--port", str(srv.port))
+        assert ps.returncode == 0, ps.stderr
+        models = json.loads(ps.stdout)["models"]
+        assert [m["busy"] for m in models] == [False]
+        table = localrun_inprocess("ps", "--port", str(srv.port), env={"COLUMNS": "200"})
+        assert "idle" in table.stdout and "SmolLM2" in table.stdout
+        r = localrun_inprocess("stop", models[0]["name"], "--port", str(srv.port))
+        assert r.returncode == 0 and "unloaded" in r.stdout, r.stderr
+        assert json.loads(localrun_inprocess("ps", "--json", "--port", str(srv.port)).stdout)["models"] == []
+        r = localrun_inprocess("stop", "nothing-loaded", "--port", str(srv.port))
+        assert r.returncode != 0 and "nothing-loaded" in r.stderr
+    finally:
+        srv.stop()

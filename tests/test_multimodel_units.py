@@ -1,0 +1,289 @@
+"""The model registry (server/models.py) in milliseconds: scripted engines (tests/fakes.py) behind the real
+app, a loader that plans fixed byte counts. Residency decisions, keep-alive, one load per model, busy models
+never evicted, 503 + Retry-After, too big alone; keep_alive parsing. The same on real models: test_multimodel.py."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import httpx
+import pytest
+from fakes import ScriptedEngine
+
+from localrun.config import Settings
+from localrun.server.app import create_app
+from localrun.server.errors import RequestError
+from localrun.server.metrics import ServerMetrics
+from localrun.server.models import Budget, ModelRegistry, Need, Planned, parse_keep_alive
+from localrun.server.runtime import ServeOptions
+
+TIMEOUT_S = 10.0
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("value, secs", [
+    (None, None), (0, 0.0), ("0", 0.0), (300, 300.0), (1.5, 1.5), ("5m", 300.0), ("1h30m", 5400.0),
+    ("300ms", 0.3), ("-1", math.inf), (-1, math.inf), ("-1m", math.inf), ("300", 300.0), ("2h45m10s", 9910.0),
+])
+def test_keep_alive_parses_like_ollama(value, secs):
+    assert parse_keep_alive(value) == secs
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "5x", True, [1], {}])
+def test_a_bad_keep_alive_is_a_400_naming_the_field(value):
+    with pytest.raises(RequestError) as ei:
+        parse_keep_alive(value)
+    assert ei.value.param == "keep_alive"
+
+
+class FakeLoader:
+    """Plans ``needs[path]`` bytes of RAM; loads a ``ScriptedEngine`` (made in advance in ``engines`` so a
+    test can gate it). ``loads`` counts loads per path; ``hold`` (an asyncio-free threading.Event) delays
+    them."""
+
+    def __init__(self, needs: dict[str, int], *, fits: dict[str, bool] | None = None) -> None:
+        import threading
+
+        self.needs = needs
+        self.fits = fits or {}
+        self.engines: dict[str, ScriptedEngine] = {}
+        self.loads: dict[str, int] = {}
+        self.hold = threading.Event()
+        self.hold.set()
+
+    def engine(self, path: str) -> ScriptedEngine:
+        if path not in self.engines:
+            eng = ScriptedEngine(1, reply=lambda p: "ok")
+            eng.model_path = path
+            self.engines[path] = eng
+        return self.engines[path]
+
+    def plan(self, path: str) -> Planned:
+        return Planned(path, Need(0, self.needs[path]), fits=self.fits.get(path, True),
+                       reasons=[f"{path} needs {self.needs[path]} bytes"])
+
+    def load(self, planned: Planned):
+        assert self.hold.wait(TIMEOUT_S)
+        self.loads[planned.path] = self.loads.get(planned.path, 0) + 1
+        return self.engine(planned.path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    out = {}
+    for n in ("a", "b", "c", "huge"):
+        p = tmp_path / f"{n}.gguf"
+        p.write_bytes(b"GGUF")
+        out[n] = str(p.resolve())
+    return out
+
+
+def make(tmp_path, files, *, ram_mib: int = 150, max_models=None, load_wait_s: float = 5.0, **kw):
+    needs = {files["a"]: 100 * MiB, files["b"]: 100 * MiB, files["c"]: 40 * MiB, files["huge"]: 400 * MiB}
+    loader = FakeLoader(needs, **kw)
+    settings = Settings(home=tmp_path, models_dir=tmp_path / "models")
+    opts = ServeOptions()
+    reg = ModelRegistry(settings, opts, ServerMetrics(), loader=loader,
+                        budget=Budget(ram_mib * MiB, None, max_models), load_wait_s=load_wait_s)
+    app = create_app(None, settings, opts, registry=reg)
+    return app, reg, loader
+
+
+def run(app, reg, body):
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        reaper = asyncio.ensure_future(reg.reap(0.02))
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=TIMEOUT_S) as http:
+                await body(http)
+        finally:
+            reaper.cancel()
+            for eng in getattr(reg.loader, "engines", {}).values():
+                eng.open()
+            reg.close()
+
+    asyncio.run(main())
+
+
+def gen(http, model, **kw):
+    return http.post("/api/generate", json={"model": model, "prompt": "hi", "stream": False, **kw})
+
+
+async def until(cond, timeout_s: float = TIMEOUT_S) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def loaded(reg) -> set[str]:
+    return {r.key for r in reg.residents.values()}
+
+
+def test_lru_idle_model_is_evicted_when_the_next_does_not_fit(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, ram_mib=150)
+
+    async def body(http):
+        r = await gen(http, files["a"])
+        assert r.status_code == 200 and r.json()["response"] == "ok"
+        r = await gen(http, files["c"])  # 100 + 40 fit in 150: both stay
+        assert r.status_code == 200 and loaded(reg) == {files["a"], files["c"]}
+        await gen(http, files["a"])  # a is now the most recently used; c is LRU
+        r = await gen(http, files["b"])  # 100 more: only evicting a (c alone is not enough) makes room
+        assert r.status_code == 200
+        assert loaded(reg) == {files["c"], files["b"]} or loaded(reg) == {files["b"]}
+        assert files["a"] not in loaded(reg)
+        assert loader.engines[files["a"]].closed
+        text = (await http.get("/metrics")).text
+        assert "localrun_model_evictions_total" in text
+
+    run(app, reg, body)
+
+
+def test_lru_order_picks_the_least_recently_used(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, ram_mib=250)
+
+    async def body(http):
+        for name in ("a", "c", "a"):
+            assert (await gen(http, files[name])).status_code == 200
+        assert (await gen(http, files["b"])).status_code == 200  # 100+40+100 = 240 fits: nobody evicted
+        assert loaded(reg) == {files["a"], files["b"], files["c"]}
+        assert (await gen(http, files["huge"])).status_code == 400  # 400 MiB > 250 even alone
+        for name in ("c", "b"):
+            assert (await gen(http, files[name])).status_code == 200
+        loader.needs[files["huge"]] = 120 * MiB  # now: a (LRU) and then c must go; b (newest) stays
+        assert (await gen(http, files["huge"])).status_code == 200
+        assert loaded(reg) == {files["b"], files["huge"]}
+
+    run(app, reg, body)
+
+
+def test_a_busy_model_is_never_evicted_the_new_request_waits(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, ram_mib=150)
+    a = loader.engine(files["a"])
+
+    async def body(http):
+        a.gate()
+        stream_a = asyncio.ensure_future(gen(http, files["a"], options={"num_predict": 2}))
+        await until(lambda: files["a"] in reg.residents and reg.residents[files["a"]].state.scheduler.n_running)
+        want_b = asyncio.ensure_future(gen(http, files["b"]))
+        await asyncio.sleep(0.3)
+        assert not want_b.done() and files["a"] in reg.residents and not a.closed  # b waits, a serves
+        a.open()
+        ra = await asyncio.wait_for(stream_a, TIMEOUT_S)
+        assert ra.status_code == 200 and ra.json()["response"] == "ok"
+        rb = await asyncio.wait_for(want_b, TIMEOUT_S)
+        assert rb.status_code == 200 and rb.json()["response"] == "ok"
+        assert loaded(reg) == {files["b"]} and a.closed
+
+    run(app, reg, body)
+
+
+def test_waiting_too_long_for_memory_is_a_503_with_retry_after(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, ram_mib=150, load_wait_s=0.3)
+    a = loader.engine(files["a"])
+
+    async def body(http):
+        a.gate()
+        held = asyncio.ensure_future(gen(http, files["a"]))
+        await until(lambda: files["a"] in reg.residents and reg.residents[files["a"]].state.scheduler.n_running)
+        r = await gen(http, files["b"])
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1 and "busy" in r.json()["error"]
+        r = await http.post("/v1/completions", json={"model": files["b"], "prompt": "x"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+        a.open()
+        assert (await held).status_code == 200
+
+    run(app, reg, body)
+
+
+def test_simultaneous_first_requests_load_once(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    async def body(http):
+        loader.hold.clear()
+        reqs = [asyncio.ensure_future(gen(http, files["a"])) for _ in range(6)]
+        await asyncio.sleep(0.2)
+        loader.hold.set()
+        for r in await asyncio.gather(*reqs):
+            assert r.status_code == 200
+        assert (await gen(http, "a.gguf")).status_code == 200  # the resident's file name
+        assert loader.loads == {files["a"]: 1}
+
+    run(app, reg, body)
+
+
+def test_keep_alive_zero_unloads_and_expiry_unloads(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    async def body(http):
+        assert (await gen(http, files["a"], keep_alive=0)).status_code == 200
+        await until(lambda: loader.engines[files["a"]].closed)
+        assert files["a"] not in reg.residents
+        assert (await gen(http, files["c"], keep_alive="50ms")).status_code == 200
+        ps = (await http.get("/api/ps")).json()["models"]
+        assert [m["busy"] for m in ps] == [False] and ps[0]["expires_at"].endswith("Z")
+        await until(lambda: files["c"] not in reg.residents)  # the reaper unloads it
+        assert (await gen(http, files["b"], keep_alive=-1)).status_code == 200
+        ps = (await http.get("/api/ps")).json()["models"]
+        assert ps[0]["localrun"]["never_expires"] and ps[0]["expires_at"] > "2200"
+
+    run(app, reg, body)
+
+
+def test_empty_prompt_loads_and_keep_alive_zero_unloads(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    async def body(http):
+        r = (await http.post("/api/generate", json={"model": files["a"]})).json()
+        assert r["done"] is True and r["done_reason"] == "load" and r["response"] == ""
+        assert files["a"] in reg.residents
+        r = (await http.post("/api/chat", json={"model": files["c"], "messages": []})).json()
+        assert r["done_reason"] == "load" and files["c"] in reg.residents
+        r = (await http.post("/api/generate", json={"model": files["a"], "keep_alive": 0})).json()
+        assert r["done_reason"] == "unload" and files["a"] not in reg.residents
+        r = (await http.post("/api/generate", json={"model": files["b"], "keep_alive": 0})).json()
+        assert r["done_reason"] == "unload" and files["b"] not in reg.residents  # not loaded: nothing to do
+        assert loader.loads.get(files["b"]) is None
+
+    run(app, reg, body)
+
+
+def test_max_models_caps_the_count(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, ram_mib=10_000, max_models=1)
+
+    async def body(http):
+        for name in ("a", "c", "b"):
+            assert (await gen(http, files[name])).status_code == 200
+            assert loaded(reg) == {files[name]}
+
+    run(app, reg, body)
+
+
+def test_too_big_alone_is_a_400_with_the_planners_reasons(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, fits={files["c"]: False})
+
+    async def body(http):
+        r = await gen(http, files["huge"])
+        assert r.status_code == 400 and "even alone" in r.json()["error"] and "needs 419430400 bytes" in r.json()[
+            "error"]
+        r = await http.post("/v1/completions", json={"model": files["c"], "prompt": "x"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_too_large"
+        assert r.json()["error"]["param"] == "model"
+        assert not reg.residents
+
+    run(app, reg, body)
+
+
+def test_an_unknown_name_is_a_404_without_a_startup_model(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    async def body(http):
+        r = await gen(http, "no-such-model-anywhere")
+        assert r.status_code == 404 and "no-such-model-anywhere" in r.json()["error"]
+        r = await http.post("/api/show", json={"model": "no-such-model-anywhere"})
+        assert r.status_code == 404
+
+    run(app, reg, body)
