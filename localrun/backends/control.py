@@ -23,7 +23,8 @@ An end-of-generation token the model samples still ends the generation as usual 
 Building controls from ``SamplingParams`` (``build_control(engine, params)``, called in the engines'
 ``start``/``generate``; None when the request needs none, so the plain path costs nothing):
 
-* ``params.reasoning_budget`` is not None → a ``ReasoningBudget`` (below);
+* ``params.reasoning_budget`` or ``params.end_thinking`` is not None → a ``ReasoningBudget`` (below;
+  ``end_thinking.is_set()`` spends the budget now: the chat's Ctrl-C while the model thinks);
 * ``params.constraint`` is not None → the function registered with ``register_constraint_compiler``
   (localrun/constrain/ registers llguidance's): ``compiler(engine, constraint) -> TokenControl``. It reads
   the engine's vocabulary through ``vocab_pieces(engine)`` (bytes of every token id, control tokens'
@@ -108,7 +109,7 @@ def build_control(engine, params: SamplingParams) -> TokenControl | None:
     Raises BackendUnavailableError (a constraint and no compiler registered), LocalrunError (a budget
     without markers; whatever the constraint compiler raises)."""
     controls: list[TokenControl] = []
-    if params.reasoning_budget is not None:
+    if params.reasoning_budget is not None or params.end_thinking is not None:
         controls.append(ReasoningBudget.for_engine(engine, params))
     if params.constraint is not None:
         if _compiler is None:
@@ -178,9 +179,10 @@ class ReasoningBudget:
     ``<|end|>`` becomes its token); ``pieces``: bytes of every token id (``vocab_pieces``).
     """
 
-    def __init__(self, budget: int, close_tokens: list[int], think_open: bytes, think_close: bytes,
-                 starts_in_thinking: bool, pieces: Sequence[bytes], ban_masks: list) -> None:
-        self.budget = max(0, int(budget))
+    def __init__(self, budget: int | None, close_tokens: list[int], think_open: bytes, think_close: bytes,
+                 starts_in_thinking: bool, pieces: Sequence[bytes], ban_masks: list, end_now=None) -> None:
+        self.budget = None if budget is None else max(0, int(budget))  # None: only ``end_now`` ends it
+        self.end_now = end_now  # SamplingParams.end_thinking: once set, the budget counts as spent
         self.close_tokens = list(close_tokens)
         self.open_tag, self.close_tag = think_open, think_close
         self.pieces = pieces
@@ -200,12 +202,16 @@ class ReasoningBudget:
         text = p.budget_close or close
         toks = engine.tokenize(text, add_special=False, parse_special=True)
         return cls(p.reasoning_budget, toks, p.think_open.encode(), close.encode(), p.starts_in_thinking,
-                   vocab_pieces(engine), tag_ban_masks(engine, close.encode()))
+                   vocab_pieces(engine), tag_ban_masks(engine, close.encode()), p.end_thinking)
 
     def forced(self) -> int | None:
-        if self.state == "thinking" and not self.forcing and self.n_thinking >= self.budget:
+        if self.state == "thinking" and not self.forcing and self._spent():
             self.forcing, self.queue = True, list(self.close_tokens)
         return self.queue[0] if self.queue else None
+
+    def _spent(self) -> bool:
+        return ((self.budget is not None and self.n_thinking >= self.budget)
+                or (self.end_now is not None and self.end_now.is_set()))
 
     def mask(self) -> np.ndarray | None:
         if self.state != "answer":
