@@ -75,9 +75,11 @@ class SamplingParams:
     unlimited) after which the engine forces the tokens of ``budget_close`` (text; control-token markers
     in it become their tokens; "" = ``think_close``) and the model answers, never writing ``think_close``
     again; ``think_open``/``think_close`` are the block's markers, ``starts_in_thinking`` says the prompt
-    already ends inside the block. ``constraint``: a ``Constraint`` the output must match (a token mask
-    per step; finish ``stop`` when it is complete). ``render_special``: control tokens' text (gpt-oss's
-    ``<|channel|>``) appears in the output text; end-of-generation tokens still end it, unshown.
+    already ends inside the block; ``end_thinking``: an object with ``is_set()`` (a ``threading.Event``) that,
+    once set, makes the budget spent now (the chat's Ctrl-C while the model thinks; with it the budget
+    control runs even when ``reasoning_budget`` is None). ``constraint``: a ``Constraint`` the output must
+    match (a token mask per step; finish ``stop`` when it is complete). ``render_special``: control tokens'
+    text (gpt-oss's ``<|channel|>``) appears in the output text; end-of-generation tokens still end it, unshown.
     """
 
     temperature: float = 0.8
@@ -105,6 +107,7 @@ class SamplingParams:
     think_open: str = ""
     think_close: str = ""
     starts_in_thinking: bool = False
+    end_thinking: object | None = None  # threading.Event: set → the engine closes the thinking block now
     render_special: bool = False
     constraint: Constraint | None = None  # structured output (JSON schema, regex, grammar); None = free text
 

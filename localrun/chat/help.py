@@ -6,6 +6,11 @@ Commands:
   /clear             forget the conversation (the system prompt stays)
   /system TEXT       set the system prompt (no TEXT: show it)
   /stats             statistics of the last answer and the session
+  /think             thinking models: show whether it thinks, the budget, the template's switch
+  /think on|off      turn thinking on/off (the template's switch, e.g. Qwen3's enable_thinking;
+                     without one, off closes the thinking block at once)
+  /think budget N    at most N tokens of thinking per answer, then it answers (0: at once;
+                     /think budget off: no limit)
   /save FILE         save the conversation as JSON
   /load FILE         load a conversation saved with /save
   /exit, /bye        leave (Ctrl-D too)
@@ -13,4 +18,5 @@ Input:
   \"\"\" starts and ends a multi-line message; a line ending in \\ continues on the next line;
   Esc then Enter inserts a newline. Up/Down recall earlier input.
   Ctrl-C while the model answers stops that answer and keeps the session.
+  Ctrl-C while a thinking model thinks ends the thinking now: the model answers (Ctrl-C again stops it).
 """

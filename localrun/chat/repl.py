@@ -2,17 +2,24 @@
 
 Input uses prompt_toolkit (history in ``<LOCALRUN_HOME>/history``, Esc-Enter for a newline) when the
 terminal supports it, else ``input()``. Ctrl-C during an answer stops that answer (the generator is
-closed, so llama.cpp stops decoding) and returns to the prompt with the session intact; Ctrl-C at the
-prompt clears the line; Ctrl-D or /exit leaves.
+closed, so llama.cpp stops decoding) and returns to the prompt with the session intact; Ctrl-C while a
+thinking model thinks ends the thinking instead (the engine closes the block, the model answers; a
+second Ctrl-C stops the answer); Ctrl-C at the prompt clears the line; Ctrl-D or /exit leaves.
+A thinking model's thinking is shown dimmed while it streams, then folds to one line
+(``chat.thinking_view``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 
 from localrun.backends.base import Stats
 from localrun.chat.help import HELP
-from localrun.errors import LocalrunError
+from localrun.chat.thinking import describe, parse_budget, switch_message
+from localrun.chat.thinking_view import LiveThinking, fold_line, unfinished_note
+from localrun.errors import ConfigError, LocalrunError
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -39,13 +46,63 @@ def newline_bindings():
     return kb
 
 
+def show_turn(session, stream, out, make_view):
+    """Write one chat turn: thinking to the view ``make_view(thought)`` gives (created when the block
+    opens, folded when it closes or the turn ends), answer text to ``out``. → the last piece (with
+    ``finish_reason`` and ``stats``), None when the stream ended without one. Exceptions (Ctrl-C, engine
+    errors) pass through after the view is folded."""
+    view, last = None, None
+    try:
+        for piece in stream:
+            thinking = getattr(piece, "thinking", "")  # raw completion gives plain Chunks
+            if view is None and make_view is not None and session.thought is not None and (
+                    session.thinking_open or thinking):
+                view = make_view(session.thought)
+            if view is not None:
+                if thinking:
+                    view.add(thinking)
+                if not session.thinking_open:
+                    view.fold()
+            if piece.text:
+                out.write(piece.text)
+                out.flush()
+            if piece.finish_reason:
+                last = piece
+    finally:
+        if view is not None:
+            view.fold(note=unfinished_note(last and last.finish_reason) if session.thinking_open else "")
+    return last
+
+
+@contextlib.contextmanager
+def ctrl_c_ends_thinking(session):
+    """While the block is open, the first Ctrl-C (SIGINT) ends the thinking (``session.end_thinking``)
+    instead of raising KeyboardInterrupt; any other Ctrl-C raises it as usual. Main thread only (else
+    nothing changes)."""
+    def handler(signum, frame):
+        if session.end_thinking():
+            return
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 class Repl:
-    def __init__(self, session, loaded, *, raw: bool = False) -> None:
+    def __init__(self, session, loaded, *, raw: bool = False, hide_thinking: bool = False) -> None:
         from rich.console import Console
 
         self.session = session
         self.loaded = loaded
         self.raw = raw
+        self.hide_thinking = hide_thinking
         self.con = Console(highlight=False)
         self._read = self._make_reader()
 
@@ -113,20 +170,21 @@ class Repl:
 
     def answer(self, text: str) -> None:
         s = self.session
-        stream = s.complete(text) if self.raw else s.send(text)
-        last = None
         out = sys.stdout
         try:
-            for chunk in stream:
-                if chunk.text:
-                    out.write(chunk.text)
-                    out.flush()
-                if chunk.finish_reason:
-                    last = chunk
+            if self.raw:
+                stream = s.complete(text)
+                last = show_turn(s, stream, out, None)
+            else:
+                stream = s.send(text)
+                with ctrl_c_ends_thinking(s):
+                    last = show_turn(s, stream, out,
+                                     lambda th: LiveThinking(self.con, th, hide=self.hide_thinking))
         except KeyboardInterrupt:
             stream.close()  # stops decoding; ChatSession keeps the partial answer
             out.write("\n")
             self.con.print("[yellow]^C stopped.[/]")
+            last = None
         except LocalrunError as e:
             stream.close()
             self.con.print(f"\n[bold red]error:[/] {e.message}")
@@ -158,6 +216,8 @@ class Repl:
                     self.con.print("system prompt set", style="dim")
                 else:
                     self.con.print(f"system prompt: {s.system!r}", style="dim")
+            elif cmd == "/think":
+                self.think(arg)
             elif cmd == "/stats":
                 self.show_stats()
             elif cmd == "/save":
@@ -180,10 +240,36 @@ class Repl:
                 self.con.print(f"[yellow]hint:[/] {e.hint}")
         return None
 
+    def think(self, arg: str) -> None:
+        """/think [on|off|budget N|budget off]: the reasoning control (chat.thinking). A bad argument says
+        so in one line; nothing else changes."""
+        s = self.session
+        fam = s.family
+        words = arg.split()
+        if not words:
+            self.con.print(describe(fam, s.think, s.reasoning_budget), style="dim", markup=False)
+            return
+        if fam.thinking is None:
+            self.con.print(describe(fam, s.think, s.reasoning_budget) + "; /think changes nothing",
+                           style="yellow", markup=False)
+            return
+        if words[0] in ("on", "off") and len(words) == 1:
+            s.think = words[0] == "on"
+            self.con.print(switch_message(fam, s.think), style="dim", markup=False)
+        elif words[0] == "budget" and len(words) == 2:
+            s.reasoning_budget = parse_budget(words[1])
+            b = "none" if s.reasoning_budget is None else f"{s.reasoning_budget} tokens"
+            self.con.print(f"thinking budget: {b}", style="dim")
+        else:
+            raise ConfigError(f"/think {arg}: not understood",
+                              hint="/think on, /think off, /think budget N, /think budget off, or /think alone")
+
     def show_stats(self) -> None:
         s, plan = self.session, self.loaded.plan
         if s.last_stats:
             self.con.print(stats_line(s.last_stats))
+            if s.thought is not None:
+                self.con.print(fold_line(s.thought), style="dim", markup=False)
         else:
             self.con.print("no answer yet")
         self.con.print(f"turns {s.turns} · messages in history {len(s.messages)} · model {s.engine.model_path}",

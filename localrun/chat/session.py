@@ -1,9 +1,14 @@
 """The chat session: history, the context policy, slash commands, save/load. No rendering here.
 
-``ChatSession.send(text)`` yields ``Chunk``s from the engine and records the answer in the history
-(also a partial one, when the caller stops early: Ctrl-C keeps what was shown). Before each turn the
-prompt is measured in tokens; if it does not fit ``n_ctx`` minus the room reserved for the answer, the
-context policy decides:
+``ChatSession.send(text)`` yields ``Piece``s (the engine's ``Chunk``s, split by the template family's
+``dialects.ReplyParser``: ``text`` is answer, ``thinking`` is thinking) and records the turn in the history
+(also a partial one, when the caller stops early: Ctrl-C keeps what was shown), its thinking with it (so
+``/save`` keeps it); what the next prompt shows of earlier thinking follows the template
+(``dialects.history.messages_for_template``: DeepSeek-R1, QwQ and Qwen3 drop it). Thinking is controlled
+by ``think`` / ``reasoning_budget`` (``chat.thinking``); ``end_thinking()`` makes the model answer now.
+
+Before each turn the prompt is measured in tokens; if it does not fit ``n_ctx`` minus the room reserved
+for the answer, the context policy decides:
 
 * ``stop`` — refuse the turn (ContextOverflowError); the history is untouched;
 * ``truncate-oldest`` (default) — drop the oldest user/assistant turns, keeping the system prompt;
@@ -18,15 +23,42 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats
+from localrun.chat.thinking import ThinkingMeter, Thought, turn_setup
+from localrun.dialects import Delta, Family, ReplyParser, detect_family
+from localrun.dialects.history import messages_for_template
 from localrun.errors import ConfigError, ContextOverflowError
 
 CONTEXT_POLICIES = ("stop", "truncate-oldest", "rolling")
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+@dataclass
+class ChatMessage(Message):
+    """A history message with the turn's ``thinking`` (assistant turns of thinking models; saved by /save
+    under ``"thinking"``, which ``dialects.history`` reads)."""
+
+    thinking: str | None = None
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if self.thinking:
+            d["thinking"] = self.thinking
+        return d
+
+
+@dataclass
+class Piece(Chunk):
+    """One engine step of a chat turn: ``text`` is its answer text, ``thinking`` its thinking text (either
+    may be "" while the parser holds back what could be a marker); the other fields are the engine's."""
+
+    thinking: str = ""
 
 
 @dataclass
@@ -39,6 +71,9 @@ class ChatSession:
     last_stats: Stats | None = None
     notices: list[str] = field(default_factory=list)
     turns: int = 0
+    think: bool | None = None  # /think on|off, --think/--no-think; None: the template's default (on)
+    reasoning_budget: int | None = None  # tokens of thinking per turn (/think budget N); None: no budget
+    thought: Thought | None = None  # the thinking of the current / last turn (None: it did not think)
 
     def __post_init__(self) -> None:
         if self.context_policy not in CONTEXT_POLICIES:
@@ -52,8 +87,22 @@ class ChatSession:
     def conversation(self) -> list[Message]:
         return self._system_messages() + self.messages
 
+    @cached_property
+    def family(self) -> Family:
+        """The chat template's family (``dialects.detect_family``): how the model thinks."""
+        return detect_family(getattr(self.engine, "template_source", None))
+
+    def _template_kwargs(self) -> dict:
+        return turn_setup(self.family, self.params, think=self.think, budget=None).kwargs
+
+    def _render(self, messages: list[Message], kwargs: dict | None = None) -> list[int]:
+        """The prompt tokens of ``messages`` as the template shows them (earlier thinking kept or dropped)."""
+        msgs = messages_for_template([m.to_dict() for m in messages], self.family)
+        kw = self._template_kwargs() if kwargs is None else kwargs
+        return self.engine.tokenize_chat(msgs, template_kwargs=kw or None)[1]
+
     def prompt_tokens(self, messages: list[Message]) -> int:
-        return len(self.engine.tokenize_chat(messages)[1])
+        return len(self._render(messages))
 
     @property
     def reserve_tokens(self) -> int:
@@ -103,30 +152,72 @@ class ChatSession:
             )
         return msgs
 
-    def send(self, text: str) -> Iterator[Chunk]:
-        """Add a user message and stream the answer. The answer (even a partial one) joins the history.
+    def send(self, text: str) -> Iterator[Piece]:
+        """Add a user message and stream the answer as ``Piece``s. The turn (even a partial one) joins the
+        history with its thinking; ``thought`` follows the thinking block live.
 
         Raises ContextOverflowError (policy ``stop``, or a single over-long message) before anything
         changes; ChatTemplateError when the model has no chat template.
         """
         self.notices.clear()
-        pending = self._fit(self.messages + [Message("user", text)])
+        pending = self._fit(self.messages + [ChatMessage("user", text)])
+        self._end = threading.Event()
+        setup = turn_setup(self.family, self.params, think=self.think, budget=self.reasoning_budget,
+                           end_thinking=self._end)
+        tokens = self._render(self._system_messages() + pending, setup.kwargs)
+        parser = ReplyParser(self.family, thinking=setup.thinking, tools=False)
+        self._meter = meter = ThinkingMeter(self.family, setup.thinking)
+        self.thought = meter.thought if setup.thinking else None
         answer: list[str] = []
+        thinking: list[str] = []
         finished = False
         try:
-            for chunk in self.engine.chat(self._system_messages() + pending, self.params):
-                answer.append(chunk.text)
+            for chunk in self.engine.generate(tokens, setup.params):
+                events = parser.feed(chunk.text) if chunk.text else []
+                if chunk.finish_reason:
+                    events += parser.finish()
+                ans = "".join(e.text for e in events if isinstance(e, Delta) and e.channel == "content")
+                if not any(answer):
+                    ans = ans.lstrip()  # the newlines a template's empty thinking block leaves (thinking off)
+                th = "".join(e.text for e in events if isinstance(e, Delta) and e.channel == "thinking")
+                meter.add(chunk.text, chunk.token_id is not None, bool(ans.strip()))
+                answer.append(ans)
+                thinking.append(th)
                 if chunk.finish_reason:
                     self.last_stats = chunk.stats
                     finished = True
                     self._note_finish(chunk)
-                yield chunk
+                yield Piece(ans, chunk.token_id, chunk.finish_reason, chunk.stats, chunk.logprobs, thinking=th)
         finally:
             # keep the turn even when interrupted (Ctrl-C): the user saw this text
-            self.messages = pending + [Message("assistant", "".join(answer))]
+            self.messages = pending + [ChatMessage("assistant", "".join(answer),
+                                                   thinking="".join(thinking).strip() or None)]
             self.turns += 1
+            if self.thought is not None and not meter.seen:
+                self.thought = None  # the model answered without thinking
             if not finished:
                 self.notices.append("interrupted: the partial answer is kept in the history")
+
+    @property
+    def thinking_open(self) -> bool:
+        """The current turn's thinking block is open."""
+        meter = getattr(self, "_meter", None)
+        return meter is not None and meter.open
+
+    @property
+    def thinking_now(self) -> bool:
+        """The current turn's thinking block is open and not already told to end."""
+        end = getattr(self, "_end", None)
+        return self.thinking_open and end is not None and not end.is_set()
+
+    def end_thinking(self) -> bool:
+        """End the current turn's thinking now: the engine writes the close at its next token and the model
+        answers (``SamplingParams.end_thinking``). False when no thinking block is open (nothing done)."""
+        if not self.thinking_now:
+            return False
+        self._end.set()
+        self.thought.ended_early = True
+        return True
 
     def complete(self, text: str) -> Iterator[Chunk]:
         """Raw completion of ``text`` (``--raw``: no template, no history), with the same notices."""
@@ -199,6 +290,7 @@ class ChatSession:
             if m["role"] == "system":
                 system = m["content"]
             else:
-                msgs.append(Message(m["role"], m["content"]))
+                thinking = next((m[k] for k in ("thinking", "reasoning_content") if isinstance(m.get(k), str)), None)
+                msgs.append(ChatMessage(m["role"], m["content"], thinking=thinking or None))
         self.messages, self.system = msgs, system
         return len(msgs)

@@ -70,6 +70,12 @@ def register(app: typer.Typer) -> None:
             help="The answer is JSON matching this JSON Schema file (constrained decoding)."),
         regex: Optional[str] = typer.Option(None, "--regex",
             help="The answer matches this regex in full (constrained decoding)."),
+        think: Optional[bool] = typer.Option(None, "--think/--no-think",
+            help="Thinking models: think before answering, or not (default: the template's; /think in chat)."),
+        reasoning_budget: Optional[int] = typer.Option(None, "--reasoning-budget", min=0, metavar="N",
+            help="Thinking models: at most N tokens of thinking, then the model answers (0: at once)."),
+        hide_thinking: bool = typer.Option(False, "--hide-thinking",
+            help="Do not show the thinking (only how long it took); -p never writes it to stdout."),
     ) -> None:
         """Chat with a model in the terminal."""
         from localrun.backends.base import SamplingParams
@@ -106,12 +112,13 @@ def register(app: typer.Typer) -> None:
                     "would produce garbage",
                     hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
             sys_prompt = DEFAULT_SYSTEM_PROMPT if system is None else (system or None)
-            session = ChatSession(engine, params, system=sys_prompt, context_policy=context_policy)
+            session = ChatSession(engine, params, system=sys_prompt, context_policy=context_policy,
+                                  think=think, reasoning_budget=reasoning_budget)
             if not interactive:
                 text = prompt if prompt is not None else sys.stdin.read()
-                _one_shot(session, text, raw, verbose, loaded)
+                _one_shot(session, text, raw, verbose, loaded, hide_thinking=hide_thinking)
                 return
-            Repl(session, loaded, raw=raw).run()
+            Repl(session, loaded, raw=raw, hide_thinking=hide_thinking).run()
         finally:
             engine.close()
 
@@ -145,25 +152,25 @@ def _constraint(schema_file: Optional[Path], regex: Optional[str]):
     return c
 
 
-def _one_shot(session, text: str, raw: bool, verbose: bool, loaded) -> None:
+def _one_shot(session, text: str, raw: bool, verbose: bool, loaded, *, hide_thinking: bool = False) -> None:
+    """One answer to stdout, text only. A thinking model's thinking goes to stderr, dimmed, then the
+    line "thought for S s, N tokens" (``--hide-thinking``: that line only), so a pipe gets the answer alone."""
+    from localrun.chat.repl import show_turn
+    from localrun.chat.thinking_view import StderrThinking
     from localrun.errors import ConfigError
     from localrun.render import stderr
 
     if not text.strip():
         raise ConfigError("the prompt is empty", hint="pass --prompt TEXT or pipe text on stdin")
     stream = session.complete(text) if raw else session.send(text.strip())
-    last = None
-    for chunk in stream:
-        sys.stdout.write(chunk.text)
-        sys.stdout.flush()
-        if chunk.finish_reason:
-            last = chunk
+    err = stderr()
+    last = show_turn(session, stream, sys.stdout, lambda th: StderrThinking(err, th, hide=hide_thinking))
     if not raw or (last and not last.text.endswith("\n")):
         sys.stdout.write("\n")
     sys.stdout.flush()
     for note in session.notices:  # dropped input, a loop cut short: said every time, on stderr
-        stderr().print(f"note: {note}", style="yellow")
+        err.print(f"note: {note}", style="yellow")
     if verbose and last and last.stats:
         from localrun.chat import stats_line
 
-        stderr().print(stats_line(last.stats), style="dim")
+        err.print(stats_line(last.stats), style="dim")
