@@ -58,15 +58,15 @@ def test_budget_closes_thinking_and_the_model_answers(smollm_engine):
 
 
 def test_answer_never_repeats_the_close_tag(smollm_engine):
-    """A logit bias pushes the model to write ``</think>`` over and over; once the block is closed the
-    control masks the token that would complete the tag again (the same text without the budget
-    control repeats it: the test can fail)."""
+    """A logit bias pushes the model to write ``</think>`` over and over; once the budget (0) closed the
+    block the control masks the token that would complete the tag again (the same text without the
+    budget control repeats it: the test can fail)."""
     bias = {t: 12.0 for t in smollm_engine.tokenize("</think>", add_special=False)}
     free = "".join(c.text for c in smollm_engine.generate(
         THINK_PROMPT, budget_params(reasoning_budget=None, logit_bias=bias, max_tokens=20)))
     assert free.count("</think>") >= 2
     text = "".join(c.text for c in smollm_engine.generate(
-        THINK_PROMPT, budget_params(reasoning_budget=1000, logit_bias=bias, max_tokens=20)))
+        THINK_PROMPT, budget_params(reasoning_budget=0, logit_bias=bias, max_tokens=20)))
     assert text.count("</think>") == 1
 
 

@@ -59,7 +59,7 @@ def test_budget_zero_closes_at_once_and_natural_close_needs_no_forcing():
     assert run(budget(0), [0]) == [NL, CLOSE, NL, 0]
     ctl = budget(5)
     assert run(ctl, [0, 2, 3, 4, 0, 0, 0, 0, 0]) == [0, 2, 3, 4, 0, 0, 0, 0, 0]  # "</" "think" ">" closes it
-    assert ctl.state == "answer" and not ctl.forcing
+    assert ctl.state == "answer" and not ctl.forcing and ctl.mask() is None  # the model's own close: no ban
 
 
 def test_budget_counts_only_after_the_model_opens_the_block():

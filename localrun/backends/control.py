@@ -149,15 +149,9 @@ def tag_ban_masks(engine, tag: bytes) -> list[np.ndarray]:
     per_engine = _ban_tables.setdefault(engine, {})
     if tag in per_engine:
         return per_engine[tag]
-    pieces = vocab_pieces(engine)
-    masks = []
-    for k in range(len(tag)):
-        rest = tag[k:]
-        m = np.ones(engine.n_vocab, dtype=bool)
-        for t, p in enumerate(pieces):
-            if p and ((k and p.startswith(rest)) or tag in p):
-                m[t] = False
-        masks.append(m)
+    arr = np.array(vocab_pieces(engine), dtype=bytes)  # fixed width 'S': trailing NUL bytes drop, harmless here
+    holds = np.char.find(arr, tag) >= 0
+    masks = [~holds] + [~(holds | np.char.startswith(arr, tag[k:])) for k in range(1, len(tag))]
     per_engine[tag] = masks
     return masks
 
@@ -173,7 +167,8 @@ class ReasoningBudget:
       (the model closed it, or the forced tokens did).
     * Thinking tokens counted: those emitted while the block is open, forced ones excluded, so the block
       holds at most ``budget`` model tokens + ``len(close_tokens)``.
-    * After the block ended, the close tag is banned (``tag_ban_masks``): the answer never contains it.
+    * After a forced close, the close tag is banned (``tag_ban_masks``): the answer never contains it (a
+      block the model closed itself is left alone: gpt-oss writes ``<|end|>`` after later messages too).
 
     ``close_tokens``: ``budget_close`` tokenized once with control-token parsing (a marker such as
     ``<|end|>`` becomes its token); ``pieces``: bytes of every token id (``vocab_pieces``).
@@ -214,7 +209,7 @@ class ReasoningBudget:
                 or (self.end_now is not None and self.end_now.is_set()))
 
     def mask(self) -> np.ndarray | None:
-        if self.state != "answer":
+        if self.state != "answer" or not self.forcing:
             return None
         tail, tag = self.text, self.close_tag
         out = self.ban_masks[0]

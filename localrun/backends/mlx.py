@@ -376,14 +376,16 @@ class MlxEngine:
         if params.grammar:
             raise BackendUnavailableError("GBNF grammars are supported by the llama.cpp backend only",
                                           hint="use --backend llamacpp for grammar-constrained output")
+        ctl = build_control(self, params)  # forced tokens, masks (backends/control.py); raises before any work
         if self._active is not None:
             self._active.close()  # its finally block leaves the cache consistent
         tag = object()
-        gen = self._run(tokens, params, tag)
+        gen = self._run(tokens, params, tag, ctl)
         self._active, self._active_tag = gen, tag
         return gen
 
-    def _run(self, prompt: list[int], params: SamplingParams, tag: object) -> Iterator[Chunk]:
+    def _run(self, prompt: list[int], params: SamplingParams, tag: object, ctl=None) -> Iterator[Chunk]:
+        """The generation loop; ``ctl``: its ``TokenControl`` or None (free)."""
         mx = self.mx
         p = params
         t_start = time.perf_counter()
@@ -391,7 +393,6 @@ class MlxEngine:
         procs = self.make_processors(p)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         key = mx.random.key(int(seed) & 0xFFFFFFFF)
-        ctl = build_control(self, p)  # forced tokens, masks (backends/control.py); None: free generation
         neg_inf = mx.array(float("-inf"))
         n_keep = self.reuse_prefix(prompt)
         generated: list[int] = []
@@ -408,6 +409,7 @@ class MlxEngine:
                     logits = proc(hist, logits)
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             if ctl is not None:
+                mx.async_eval(logprobs)  # the forward pass runs while the control works out its answer
                 forced = ctl.forced()
                 if forced is not None:  # emitted without sampling; this pass only puts ``toks`` in the cache
                     return mx.array([forced]), raw
