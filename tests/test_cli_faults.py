@@ -304,7 +304,8 @@ def test_serve_and_ps_show_the_same_name_as_fit(tmp_path, smollm_path):
             time.sleep(0.5)
         fit_title = run("fit", str(one)).stdout.split(" on ", 1)[0]
         assert fit_title == "SmolLM2-135M-Instruct.Q4_1"
-        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == [fit_title]
+        cards = httpx.get(url + "/v1/models").json()["data"]  # the loaded model first, then what can load
+        assert [m["id"] for m in cards if m["meta"]["loaded"]] == [fit_title] and cards[0]["id"] == fit_title
         ps = run("ps", "--json", "--port", str(port))
         assert [m["name"] for m in json.loads(ps.stdout)["models"]] == [fit_title], ps.stdout
     finally:

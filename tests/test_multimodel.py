@@ -211,3 +211,47 @@ def test_localrun_ps_and_stop_talk_to_the_server(tmp_path, smollm_path):
         assert r.returncode != 0 and "nothing-loaded" in r.stderr
     finally:
         srv.stop()
+
+
+def test_pull_copy_delete_through_the_ollama_api(tmp_path, smollm_path, monkeypatch):
+    """/api/pull streams Ollama's NDJSON progress through the real pull (a loopback hub), the pulled model
+    loads by its name, /api/copy names it again (no second load), /api/delete unloads and removes it."""
+    from test_pull import FILE, REPO
+    from test_pull_fakehub import FakeHub, sha256_file
+
+    hub = FakeHub({REPO: {FILE: smollm_path}}, shas={smollm_path: sha256_file(smollm_path)})
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    srv, reg = serve(tmp_path)
+    name = "smollm2-135m-instruct:Q4_1"
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            with http.stream("POST", "/api/pull", json={"model": name}) as s:
+                assert s.status_code == 200 and s.headers["content-type"].startswith("application/x-ndjson")
+                lines = [json.loads(ln) for ln in s.iter_lines() if ln]
+            assert lines[0] == {"status": "pulling manifest"} and lines[-1]["status"] == "success"
+            progress = [ln for ln in lines if "completed" in ln]
+            assert progress and progress[-1]["completed"] == progress[-1]["total"] == smollm_path.stat().st_size
+            assert all(ln["digest"].startswith("sha256:") for ln in progress)
+            pulled = [t for t in http.get("/api/tags").json()["models"] if t["name"] == name]
+            assert pulled and pulled[0]["loaded"] is False
+            r = http.post("/api/generate", json={"model": name, "prompt": "Hi", "stream": False,
+                                                 "options": {"num_predict": 2}})
+            assert r.status_code == 200 and r.json()["model"] == name
+            assert http.post("/api/copy", json={"source": name, "destination": "mysmol"}).status_code == 200
+            assert http.post("/api/copy", json={"source": name, "destination": "mysmol"}).status_code == 400
+            r = http.post("/api/generate", json={"model": "mysmol", "prompt": "Hi", "stream": False,
+                                                 "options": {"num_predict": 2}})
+            assert r.status_code == 200 and len(http.get("/api/ps").json()["models"]) == 1  # the same file
+            r = http.request("DELETE", "/api/delete", json={"model": name})
+            assert r.status_code == 200 and http.get("/api/ps").json()["models"] == []
+            assert not (tmp_path / "models" / "smollm2-135m-instruct" / FILE).exists()
+            r = http.post("/api/pull", json={"model": "no-such-model-xyz", "stream": False})
+            assert r.status_code == 404 and "no-such-model-xyz" in r.json()["error"]
+            with http.stream("POST", "/api/pull", json={"model": "no-such-model-xyz"}) as s:
+                last = [json.loads(ln) for ln in s.iter_lines() if ln][-1]
+            assert "error" in last and "no-such-model-xyz" in last["error"]
+    finally:
+        srv.stop()
+        hub.close()

@@ -42,11 +42,13 @@ class FakeLoader:
     test can gate it). ``loads`` counts loads per path; ``hold`` (an asyncio-free threading.Event) delays
     them."""
 
-    def __init__(self, needs: dict[str, int], *, fits: dict[str, bool] | None = None) -> None:
+    def __init__(self, needs: dict[str, int], *, fits: dict[str, bool] | None = None,
+                 given: dict[str, dict] | None = None) -> None:
         import threading
 
         self.needs = needs
         self.fits = fits or {}
+        self.given = given or {}
         self.engines: dict[str, ScriptedEngine] = {}
         self.loads: dict[str, int] = {}
         self.hold = threading.Event()
@@ -60,8 +62,10 @@ class FakeLoader:
         return self.engines[path]
 
     def plan(self, path: str) -> Planned:
+        asked = {"n_ctx": 8192, "kv_type": "f16"}
         return Planned(path, Need(0, self.needs[path]), fits=self.fits.get(path, True),
-                       reasons=[f"{path} needs {self.needs[path]} bytes"])
+                       reasons=[f"{path} needs {self.needs[path]} bytes"], asked=asked,
+                       given=self.given.get(path, asked))
 
     def load(self, planned: Planned):
         assert self.hold.wait(TIMEOUT_S)
@@ -285,5 +289,24 @@ def test_an_unknown_name_is_a_404_without_a_startup_model(tmp_path, files):
         assert r.status_code == 404 and "no-such-model-anywhere" in r.json()["error"]
         r = await http.post("/api/show", json={"model": "no-such-model-anywhere"})
         assert r.status_code == 404
+
+    run(app, reg, body)
+
+
+def test_asked_vs_given_in_headers_and_ps(tmp_path, files):
+    given = {"n_ctx": 2048, "kv_type": "q8_0"}
+    app, reg, loader = make(tmp_path, files, given={files["c"]: given})
+
+    async def body(http):
+        r = await gen(http, files["a"])  # given what was asked: only the model's name
+        assert r.headers["x-localrun-model"] == r.json()["model"] == "a"
+        assert "x-localrun-given" not in r.headers
+        r = await gen(http, files["c"])
+        assert r.headers["x-localrun-asked"] == "n_ctx=8192 kv_type=f16"
+        assert r.headers["x-localrun-given"] == "n_ctx=2048 kv_type=q8_0"
+        assert "needs 41943040 bytes" in r.headers["x-localrun-given-reason"]
+        ps = {m["localrun"]["path"]: m["localrun"] for m in (await http.get("/api/ps")).json()["models"]}
+        assert ps[files["a"]]["asked_vs_given"] is None
+        assert ps[files["c"]]["asked_vs_given"]["given"] == given
 
     run(app, reg, body)

@@ -201,8 +201,8 @@ def test_localrun_serve_command(tmp_path):
                 time.sleep(0.5)
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k1", timeout=120, max_retries=0)
         r = c.chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
-        )
+            model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+        )  # started with no model: "default" (or no model field) is the embedded SmolLM2, loaded now
         assert r.choices[0].message.content
         ps = httpx.get(f"http://127.0.0.1:{port}/api/ps", headers={"Authorization": "Bearer k1"}).json()
         plan = ps["models"][0]["localrun"]["plan"]
