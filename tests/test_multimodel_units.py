@@ -310,3 +310,33 @@ def test_asked_vs_given_in_headers_and_ps(tmp_path, files):
         assert ps[files["c"]]["asked_vs_given"]["given"] == given
 
     run(app, reg, body)
+
+
+def test_a_pinned_model_is_never_evicted_and_per_model_keep_alive(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, ram_mib=150, load_wait_s=0.2)
+    reg.keep_alive_by_model["c"] = 0.0  # c's own default: unload after each request
+    reg.preload(files["a"], pinned=True)  # as `serve --pin a.gguf`: loaded at start-up
+
+    async def body(http):
+        r = await gen(http, files["b"])  # a is idle but pinned: b cannot make room
+        assert r.status_code == 503 and files["a"] in reg.residents
+        assert (await gen(http, files["c"])).status_code == 200  # 40 MiB fit beside a
+        await until(lambda: files["c"] not in reg.residents)  # and leave after the request (keep-alive 0)
+        assert files["a"] in reg.residents
+        r = (await http.post("/api/generate", json={"model": files["a"], "keep_alive": 0})).json()
+        assert r["done_reason"] == "unload" and files["a"] not in reg.residents  # an explicit unload does
+
+    run(app, reg, body)
+
+
+def test_serve_flags_for_residency():
+    from localrun.commands.serve import parse_residency
+    from localrun.errors import ConfigError
+
+    r = parse_residency(["10m", "gemma-3-270m=-1", "smol=0"], "2GiB", None, 3, ["gemma-3-270m"])
+    assert r["keep_alive_s"] == 600 and r["keep_alive_by_model"] == {"gemma-3-270m": math.inf, "smol": 0.0}
+    assert r["max_ram_bytes"] == 2 << 30 and r["max_models"] == 3 and r["pins"] == ("gemma-3-270m",)
+    with pytest.raises(ConfigError, match="keep-alive"):
+        parse_residency(["soon"], None, None, None, [])
+    with pytest.raises(ConfigError, match="max-memory"):
+        parse_residency([], "lots", None, None, [])
