@@ -46,9 +46,13 @@ def _build(engine):
     llguidance()
     eos = eog_tokens(engine)
     if engine.backend == "llamacpp":
+        import warnings
+
         from llguidance.llamacpp import lltokenizer_from_vocab
 
-        return lltokenizer_from_vocab(engine.vocab, n_vocab=engine.n_vocab, eos_token=eos)
+        with warnings.catch_warnings():  # it calls llama_token_get_attr, deprecated in llama-cpp-python
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(engine.vocab, n_vocab=engine.n_vocab, eos_token=eos)
     if engine.backend == "mlx":
         from llguidance.hf import from_tokenizer
 
