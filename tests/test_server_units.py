@@ -106,7 +106,8 @@ def test_queue_is_bounded(smollm_engine):
     from localrun.server.scheduler import Job, Scheduler
 
     assert smollm_engine.n_parallel == 1
-    sched = Scheduler(smollm_engine, ServerMetrics(1, 2048), max_queue=2)  # not started: nothing is admitted
+    metrics = ServerMetrics().for_model("m", 1, 2048)
+    sched = Scheduler(smollm_engine, metrics, max_queue=2)  # not started: nothing is admitted
     loop = asyncio.new_event_loop()
     try:
         jobs = [Job(loop=loop, queue=asyncio.Queue(), tokens=[1, 2], params=SamplingParams()) for _ in range(5)]

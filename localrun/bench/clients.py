@@ -192,7 +192,7 @@ class EngineClient:
         from localrun.server.scheduler import Scheduler
 
         eng = self.engine
-        sched = Scheduler(eng, ServerMetrics(eng.n_parallel, eng.n_ctx * eng.n_parallel))
+        sched = Scheduler(eng, ServerMetrics().for_model("bench", eng.n_parallel, eng.n_ctx * eng.n_parallel))
         sched.start()
         try:
             return asyncio.run(body(sched))
