@@ -11,7 +11,6 @@ A thinking model's thinking is shown dimmed while it streams, then folds to one 
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 
@@ -46,9 +45,10 @@ def newline_bindings():
     return kb
 
 
-def show_turn(session, stream, out, make_view):
+def show_turn(session, stream, out, make_view, on_piece=None):
     """Write one chat turn: thinking to the view ``make_view(thought)`` gives (created when the block
-    opens, folded when it closes or the turn ends), answer text to ``out``. → the last piece (with
+    opens, folded when it closes or the turn ends), answer text to ``out``; ``on_piece()`` is called after
+    each piece (``CtrlCEndsThinking.arm``). → the last piece (with
     ``finish_reason`` and ``stats``), None when the stream ended without one. Exceptions (Ctrl-C, engine
     errors) pass through after the view is folded."""
     view, last = None, None
@@ -68,31 +68,47 @@ def show_turn(session, stream, out, make_view):
                 out.flush()
             if piece.finish_reason:
                 last = piece
+            if on_piece is not None:
+                on_piece()
     finally:
         if view is not None:
             view.fold(note=unfinished_note(last and last.finish_reason) if session.thinking_open else "")
     return last
 
 
-@contextlib.contextmanager
-def ctrl_c_ends_thinking(session):
-    """While the block is open, the first Ctrl-C (SIGINT) ends the thinking (``session.end_thinking``)
-    instead of raising KeyboardInterrupt; any other Ctrl-C raises it as usual. Main thread only (else
-    nothing changes)."""
-    def handler(signum, frame):
-        if session.end_thinking():
+class CtrlCEndsThinking:
+    """While a thinking block is open, the first Ctrl-C (SIGINT) ends the thinking (``session.end_thinking``)
+    instead of raising KeyboardInterrupt; any other Ctrl-C raises it as usual. ``arm()`` installs the
+    handler once the prompt is processed (the first piece): during a prefill the engine's own Ctrl-C
+    handling (llama.cpp's abort callback) stays in charge. A context manager: leaving restores the handler.
+    Main thread only (elsewhere nothing changes)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.old = None
+        self.armed = False
+
+    def _handler(self, signum, frame) -> None:
+        if self.session.end_thinking():
             return
         raise KeyboardInterrupt
 
-    try:
-        old = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
+    def arm(self) -> None:
+        if self.armed:
+            return
+        self.armed = True
+        try:
+            self.old = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread
+            self.old = None
+
+    def __enter__(self) -> CtrlCEndsThinking:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
 
 
 class Repl:
@@ -177,9 +193,9 @@ class Repl:
                 last = show_turn(s, stream, out, None)
             else:
                 stream = s.send(text)
-                with ctrl_c_ends_thinking(s):
+                with CtrlCEndsThinking(s) as ctrl_c:
                     last = show_turn(s, stream, out,
-                                     lambda th: LiveThinking(self.con, th, hide=self.hide_thinking))
+                                     lambda th: LiveThinking(self.con, th, hide=self.hide_thinking), ctrl_c.arm)
         except KeyboardInterrupt:
             stream.close()  # stops decoding; ChatSession keeps the partial answer
             out.write("\n")

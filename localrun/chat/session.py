@@ -95,14 +95,16 @@ class ChatSession:
     def _template_kwargs(self) -> dict:
         return turn_setup(self.family, self.params, think=self.think, budget=None).kwargs
 
-    def _render(self, messages: list[Message], kwargs: dict | None = None) -> list[int]:
-        """The prompt tokens of ``messages`` as the template shows them (earlier thinking kept or dropped)."""
+    def render(self, messages: list[Message], kwargs: dict | None = None) -> list[int]:
+        """The prompt tokens of ``messages`` as the template shows them: earlier turns' thinking kept or
+        dropped (``dialects.history``), ``kwargs`` (default: this session's /think setting) passed to it.
+        Raises ChatTemplateError."""
         msgs = messages_for_template([m.to_dict() for m in messages], self.family)
         kw = self._template_kwargs() if kwargs is None else kwargs
         return self.engine.tokenize_chat(msgs, template_kwargs=kw or None)[1]
 
     def prompt_tokens(self, messages: list[Message]) -> int:
-        return len(self._render(messages))
+        return len(self.render(messages))
 
     @property
     def reserve_tokens(self) -> int:
@@ -164,7 +166,7 @@ class ChatSession:
         self._end = threading.Event()
         setup = turn_setup(self.family, self.params, think=self.think, budget=self.reasoning_budget,
                            end_thinking=self._end)
-        tokens = self._render(self._system_messages() + pending, setup.kwargs)
+        tokens = self.render(self._system_messages() + pending, setup.kwargs)
         parser = ReplyParser(self.family, thinking=setup.thinking, tools=False)
         self._meter = meter = ThinkingMeter(self.family, setup.thinking)
         self.thought = meter.thought if setup.thinking else None
