@@ -260,12 +260,13 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
                         flash_attn=flash_attn, threads=threads, force=force, **residency)
     pins = list(residency.get("pins") or ())
-    for i, name in enumerate(models + [p for p in pins if p not in models]):
-        if chat_template:
-            from localrun.server.models import _path_key
-            from localrun.store.resolve import resolve_model
+    if chat_template:
+        from localrun.store.resolve import resolve_model
 
-            reg.loader.templates[_path_key(resolve_model(name, settings.models_dir))] = chat_template
+        # the models named at start-up, or (none named) the default one a request without `model` loads
+        for name in (models + [p for p in pins if p not in models]) or [None]:
+            reg.loader.set_template(resolve_model(name, settings.models_dir), chat_template)
+    for i, name in enumerate(models + [p for p in pins if p not in models]):
         st = reg.preload(name, model_id=alias if i == 0 and alias else None, pinned=name in pins)
         for w in getattr(st.options.plan, "warnings", None) or []:
             stderr().print(f"[yellow]warning:[/] {w}", highlight=False)

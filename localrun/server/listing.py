@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from localrun.server.models import ModelRegistry, Resident, _path_key
+from localrun.server.models import ModelRegistry, Resident, path_key
 
 
 @dataclass
@@ -44,7 +44,7 @@ async def loadable(reg: ModelRegistry) -> list[Loadable]:
 
     seen = set(reg.residents)
     for m in await run_in_threadpool(scan):
-        key = _path_key(m.path)
+        key = path_key(m.path)
         if key in seen:
             continue
         seen.add(key)

@@ -227,7 +227,7 @@ class ModelRegistry:
         engine = as_batch_engine(engine)
         opts = replace(self.options, model_id=model_id or self.options.model_id, plan=plan or self.options.plan,
                        hardware=hardware or self.options.hardware)
-        key = key or _path_key(engine.model_path)
+        key = key or path_key(engine.model_path)
         st = self._state(engine, opts)
         need = planned.need if planned is not None else _plan_need(plan)
         r = Resident(key, st.model_id, st, need, planned, self._default_keep_alive(st.model_id, key),
@@ -358,7 +358,7 @@ class ModelRegistry:
         from localrun.store.resolve import resolve_model
 
         try:
-            key = _path_key(resolve_model(name or None, self.settings.models_dir))
+            key = path_key(resolve_model(name or None, self.settings.models_dir))
         except ModelNotFoundError:
             if name and len(self._missing) < 10_000:
                 self._missing.add(name)
@@ -640,7 +640,11 @@ class PlannerLoader:
         self.flash_attn = flash_attn
         self.n_threads = n_threads
         self.force = force
-        self.templates: dict[str, str] = {}
+        self.templates: dict[str, str] = {}  # path_key → --chat-template (by name or file)
+
+    def set_template(self, model_path, template: str) -> None:
+        """Load the model at ``model_path`` with ``template`` (``--chat-template``) instead of its own."""
+        self.templates[path_key(model_path)] = template
 
     def plan(self, path: str) -> Planned:
         from localrun.loading import plan_load
@@ -693,7 +697,9 @@ def no_embeddings(engine):
                        hint="start the server with `localrun serve --backend llamacpp` for /v1/embeddings")
 
 
-def _path_key(path) -> str:
+def path_key(path) -> str:
+    """The registry's key for a model file or folder: its resolved absolute path (the name as given when it
+    cannot be resolved)."""
     try:
         return str(Path(path).resolve())
     except OSError:
