@@ -14,18 +14,18 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, field_validator
 
-from localrun.server.schemas import INT32_MAX, _Base
+from localrun.server.schemas import INT32_MAX, WireModel
 
 _BLOCK_EXTRAS = frozenset({"cache_control", "citations"})
 
 
-class TextBlock(_Base):
+class TextBlock(WireModel):
     _ignored = _BLOCK_EXTRAS
     type: Literal["text"]
     text: str
 
 
-class ToolUseBlock(_Base):
+class ToolUseBlock(WireModel):
     """An earlier assistant turn's tool call: ``input`` is the arguments object."""
 
     _ignored = _BLOCK_EXTRAS | {"caller"}
@@ -35,7 +35,7 @@ class ToolUseBlock(_Base):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolResultBlock(_Base):
+class ToolResultBlock(WireModel):
     """A tool's answer, in a user turn: ``content`` is text or text blocks (an image block is refused)."""
 
     _ignored = _BLOCK_EXTRAS
@@ -64,7 +64,7 @@ class ToolResultBlock(_Base):
         return "\n".join(part["text"] for part in self.content)
 
 
-class ThinkingBlock(_Base):
+class ThinkingBlock(WireModel):
     """An earlier assistant turn's thinking; ``signature`` is accepted and not verified."""
 
     type: Literal["thinking"]
@@ -72,7 +72,7 @@ class ThinkingBlock(_Base):
     signature: str | None = None
 
 
-class RedactedThinkingBlock(_Base):
+class RedactedThinkingBlock(WireModel):
     """Encrypted thinking from Anthropic's servers: no local model can read it, so it is dropped."""
 
     type: Literal["redacted_thinking"]
@@ -92,7 +92,7 @@ def _refuse_media(kind) -> None:
                          "(no vision or documents); send the text as a 'text' block")
 
 
-class MessageParam(_Base):
+class MessageParam(WireModel):
     """One turn. ``content`` as a string is read as one text block (as Anthropic does). Blocks are validated
     here, per ``type`` (the field is typed as plain objects so that the unknown-field log does not read one
     block type's fields as another's)."""
@@ -139,7 +139,7 @@ class MessageParam(_Base):
         return out
 
 
-class ToolParam(_Base):
+class ToolParam(WireModel):
     """A client tool. Anthropic's server tools (``web_search_…``, ``bash_…``, ``text_editor_…``) run on
     Anthropic's side and are refused by name."""
 
@@ -159,13 +159,13 @@ class ToolParam(_Base):
         return v
 
 
-class ToolChoice(_Base):
+class ToolChoice(WireModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: StrictBool | None = None
 
 
-class ThinkingConfig(_Base):
+class ThinkingConfig(WireModel):
     """``{"type": "enabled", "budget_tokens": N}`` (N ≥ 1; Anthropic asks for ≥ 1024, localrun takes any
     positive budget as small models think briefly), ``{"type": "disabled"}``, or ``adaptive`` /
     ``between_tools`` (the model decides: thinking on, no budget). ``display`` is accepted and ignored."""
@@ -175,12 +175,12 @@ class ThinkingConfig(_Base):
     display: Literal["summarized", "omitted"] | None = None
 
 
-class OutputFormat(_Base):
+class OutputFormat(WireModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Base):
+class OutputConfig(WireModel):
     """``effort`` (a reasoning level: ``xhigh``/``max`` are read as ``high``) and ``format`` (structured
     output: the reply's text must match the JSON schema, enforced by constrained decoding)."""
 
@@ -188,7 +188,7 @@ class OutputConfig(_Base):
     format: OutputFormat | None = None
 
 
-class _MessagesBase(_Base):
+class _MessagesBase(WireModel):
     _ignored = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management", "betas",
                           "inference_geo", "cache_control", "speed", "diagnostics", "user_profile_id",
                           "workspace_id"})

@@ -23,18 +23,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 INT32_MAX = 2**31 - 1  # llama.cpp's sampler parameters (top_k, penalty_last_n) are C ints
 
 
-class _Base(BaseModel):
+class WireModel(BaseModel):
+    """The base of every request body: unknown fields are ignored (and logged once per client by
+    ``ServerState.parse``); ``_ignored`` lists known fields localrun accepts without using them."""
+
     model_config = ConfigDict(extra="ignore")
     _ignored: ClassVar[frozenset[str]] = frozenset()  # known fields localrun accepts and does not use
 
 
 # ---------------------------------------------------------------------------------------------- OpenAI
-class TextPart(_Base):
+class TextPart(WireModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessageIn(_Base):
+class ChatMessageIn(WireModel):
     """One message. ``developer`` is OpenAI's newer name for ``system``; content may be a string or a list
     of text parts (images are not supported by the text-only backends)."""
 
@@ -64,18 +67,18 @@ class ChatMessageIn(_Base):
         return parts
 
 
-class StreamOptions(_Base):
+class StreamOptions(WireModel):
     include_usage: StrictBool = False
 
 
-class JsonSchemaFormat(_Base):
+class JsonSchemaFormat(WireModel):
     _ignored = frozenset({"description"})
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Base):
+class ResponseFormat(WireModel):
     """OpenAI's ``response_format``; ``schema`` is llama-server's ``{"type": "json_object", "schema": ...}``."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -83,19 +86,19 @@ class ResponseFormat(_Base):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
-class FunctionDef(_Base):
+class FunctionDef(WireModel):
     _ignored = frozenset({"strict"})
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class ToolDef(_Base):
+class ToolDef(WireModel):
     type: Literal["function"]
     function: FunctionDef
 
 
-class _SamplingFields(_Base):
+class _SamplingFields(WireModel):
     """Sampling fields shared by chat and text completions (OpenAI names, plus llama.cpp's extras)."""
 
     _ignored = frozenset({"user", "store", "metadata", "service_tier", "modalities", "audio", "prediction",
@@ -166,7 +169,7 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
 
-class EmbeddingRequest(_Base):
+class EmbeddingRequest(WireModel):
     model: str | None = None
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -174,7 +177,7 @@ class EmbeddingRequest(_Base):
 
 
 # ---------------------------------------------------------------------------------------------- Ollama
-class OllamaOptions(_Base):
+class OllamaOptions(WireModel):
     """``options`` of /api/chat and /api/generate (Ollama api/types.go ``Options``). Load-time options
     (``num_gpu``, ``num_thread``, ``use_mmap``...) are fixed when the server starts and ignored here."""
 
@@ -210,7 +213,7 @@ class OllamaMessage(ChatMessageIn):
 OllamaThink = Union[StrictBool, Literal["low", "medium", "high"], None]
 
 
-class OllamaChatRequest(_Base):
+class OllamaChatRequest(WireModel):
     _ignored = frozenset({"logprobs", "top_logprobs", "truncate", "shift"})
     model: str | None = None
     messages: list[OllamaMessage] = Field(default_factory=list)
@@ -222,7 +225,7 @@ class OllamaChatRequest(_Base):
     keep_alive: Any = None
 
 
-class OllamaGenerateRequest(_Base):
+class OllamaGenerateRequest(WireModel):
     _ignored = frozenset({"template", "logprobs", "top_logprobs", "truncate", "shift"})
     model: str | None = None
     prompt: str = ""
@@ -238,7 +241,7 @@ class OllamaGenerateRequest(_Base):
     keep_alive: Any = None
 
 
-class OllamaEmbedRequest(_Base):
+class OllamaEmbedRequest(WireModel):
     """``/api/embed`` (``input``: a string or a list) and the older ``/api/embeddings`` (``prompt``)."""
 
     model: str | None = None
@@ -247,7 +250,7 @@ class OllamaEmbedRequest(_Base):
     truncate: StrictBool = True
 
 
-class OllamaShowRequest(_Base):
+class OllamaShowRequest(WireModel):
     model: str | None = None
     name: str | None = None  # older clients
 
