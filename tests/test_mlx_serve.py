@@ -185,11 +185,13 @@ def test_llamacpp_only_features_get_clear_errors(client):
     with pytest.raises(openai.APIStatusError) as ei:
         client.embeddings.create(model="x", input=["a cat"])
     assert ei.value.status_code == 501 and "embeddings need the llama.cpp backend" in str(ei.value)
-    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["age"], "additionalProperties": False}
     r = client.chat.completions.create(  # constrained decoding runs on MLX too (llguidance, issue 14)
-        model="x", temperature=0, max_tokens=16, messages=[{"role": "user", "content": "An age as JSON."}],
+        model="x", temperature=0, max_tokens=30, messages=[{"role": "user", "content": "An age as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
-    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content)["age"], int)
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    assert isinstance(json.loads(r.choices[0].message.content)["age"], int)
     assert "Tokyo" in chat(client, "What is the capital of Japan?", max_tokens=16)  # still serving
 
 
