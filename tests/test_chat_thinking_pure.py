@@ -150,3 +150,23 @@ def test_save_and_load_keep_the_thinking(tmp_path):
     assert saved[1] == {"role": "assistant", "content": "Hello.", "thinking": "greet back"}
     t = ChatSession(eng, SamplingParams())
     assert t.load(path) == 2 and t.messages[1].thinking == "greet back" and t.messages[0].thinking is None
+
+
+def test_one_shot_thinking_goes_to_stderr_and_hide_keeps_only_the_fold_line():
+    import io
+
+    from rich.console import Console
+
+    from localrun.chat.thinking_view import StderrThinking
+
+    for hide in (False, True):
+        buf = io.StringIO()
+        m = ThinkingMeter(QWQ, thinking=True)
+        m.thought.tokens, m.thought.seconds = 3, 0.5
+        view = StderrThinking(Console(file=buf, force_terminal=False), m.thought, hide=hide)
+        view.add("\nweighing the options")
+        view.fold()
+        view.fold()  # folding twice prints once
+        out = buf.getvalue()
+        assert out.count("thought for 0.5 s, 3 tokens") == 1
+        assert ("weighing the options" in out) is not hide

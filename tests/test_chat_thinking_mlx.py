@@ -1,0 +1,51 @@
+"""The chat's thinking on the MLX engine (mlx[cpu], SmolLM2's GGUF under QwQ's template): the same session
+code path as on llama.cpp (tests/test_chat_thinking.py) — the budget bounds the thinking, ending it now
+gets an answer, and no tag reaches the answer."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+from test_chat_thinking import QWQ, STORY, TAGS, _n_close, _turn  # noqa: E402
+
+from localrun.backends.base import SamplingParams  # noqa: E402
+from localrun.chat.session import ChatSession  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mlx_qwq(smollm_path, tmp_path_factory):
+    from localrun.backends import load_engine
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALRUN_HOME", str(tmp_path_factory.mktemp("mlx_home")))
+        plan = simple_plan(read_gguf(smollm_path), n_ctx=1024)
+        plan.backend = "mlx"
+        eng = load_engine(smollm_path, plan, chat_template=QWQ.read_text())
+        yield eng
+        eng.close()
+
+
+def test_budget_and_ending_the_thinking_on_mlx(mlx_qwq):
+    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=32), reasoning_budget=6)
+    thinking, answer, _ = _turn(s, STORY)
+    assert thinking.strip() and answer.strip() and not any(t in answer for t in TAGS)
+    assert 6 <= s.thought.tokens <= 6 + _n_close(mlx_qwq)
+
+    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=32))
+    seen = {}
+
+    def after(piece, pieces):
+        if len(pieces) == 4:
+            seen["tokens"] = sum(p.token_id is not None for p in pieces)
+            assert s.end_thinking()
+
+    thinking, answer, _ = _turn(s, STORY, on_piece=after)
+    assert s.thought.ended_early and seen["tokens"] <= s.thought.tokens <= seen["tokens"] + _n_close(mlx_qwq)
+    assert answer.strip() and not any(t in answer for t in TAGS)
