@@ -100,7 +100,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         d["fits"] = chosen is not None
         d["warnings"] = _warnings(best, plans)
         d["machine"] = hw.label or "this machine"
-        keys = ("quant", "source", "quality_kld", "fits", "n_ctx", "n_gpu_layers", "n_cpu_moe", "kv_type",
+        keys = ("quant", "source", "quality_kld", "fits", "n_ctx", "n_gpu_layers", "n_cpu_moe", "kv_type", "split_mode",
                 "weights_bytes", "vram_bytes", "ram_bytes", "disk_backed_bytes", "decode_tok_s", "prefill_tok_s")
         d["alternatives"] = [{k: pd[k] for k in keys} for pd in (p.to_dict() for p in plans)]  # to_dict once
         print_json(d)
@@ -133,6 +133,8 @@ def _render(title, hw, chosen, plans) -> None:
                   f"prefill ≈ {p.prefill_tok_s:.0f} tok/s", highlight=False)
         for r in p.reasons:
             con.print(f"  • {r}", highlight=False)
+        if len(hw.gpus) > 1 and p.devices:
+            con.print(_devices_table(p))
     t = Table(title="alternatives", header_style="bold")
     for col in ("quant", "quality loss (KLD)", "weights", "where", "context", "decode tok/s", "prefill tok/s", ""):
         t.add_column(col)
@@ -170,3 +172,22 @@ def _gpu_layers_text(p) -> str:
         return f"all {p.n_layers} layers on the CPU (n_gpu_layers 0)"
     on = min(p.n_gpu_layers - 1, p.n_layers)
     return f"{on} of {p.n_layers} layers + output on the GPU (n_gpu_layers {p.n_gpu_layers})"
+
+
+def _devices_table(p):
+    """One row per device of ``p``: its layers and its bytes (weights, KV, compute buffer, CUDA context)."""
+    from rich.table import Table
+
+    from localrun.machine.hardware import fmt_bytes
+
+    mode = {"none": "one GPU", "layer": "split by layer", "row": "split by rows"}.get(p.split_mode, p.split_mode)
+    t = Table(title=f"per device ({mode}" + (f", tensor_split {','.join(f'{x:g}' for x in p.tensor_split)})"
+                                           if p.tensor_split else ")"), header_style="bold")
+    for col in ("device", "layers", "weights", "KV cache", "compute", "CUDA ctx", "total", "usable"):
+        t.add_column(col)
+    for d in p.devices:
+        lay = f"{d['layers'][0]}-{d['layers'][1] - 1}" if d["layers"] else "-"
+        t.add_row(f"GPU {d['index']} {d['name']}", lay + (" + output" if d["output"] else ""),
+                  fmt_bytes(d["weights_bytes"]), fmt_bytes(d["kv_bytes"]), fmt_bytes(d["compute_bytes"]),
+                  fmt_bytes(d["overhead_bytes"]), fmt_bytes(d["total_bytes"]), fmt_bytes(d["budget_bytes"]))
+    return t

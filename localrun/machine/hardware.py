@@ -41,6 +41,8 @@ class GpuInfo:
     driver: str | None = None
     unified: bool = False
     working_set_bytes: int | None = None  # Apple: recommendedMaxWorkingSetSize or iogpu.wired_limit_mb
+    endpoint: str | None = None  # backend "rpc": the worker's host:port (llama.cpp's RPC backend)
+    link: dict | None = None  # backend "rpc": {"latency_s", "bandwidth_gbps", "source"} to that worker
 
     @property
     def usable_bytes(self) -> int:

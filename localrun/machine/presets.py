@@ -23,12 +23,16 @@ _NVIDIA = {  # name → (card, VRAM GiB, system RAM GiB)
 }
 _APPLE = {"mac-16gb": ("Apple M2", 16, 8), "mac-36gb": ("Apple M3 Pro", 36, 11),
           "mac-64gb": ("Apple M2 Max", 64, 12), "mac-128gb": ("Apple M4 Max", 128, 16)}
+# several GPUs in one box: name → ([(card, VRAM GiB), …], system RAM GiB)
+_MULTI = {"2x24gb": ([("NVIDIA GeForce RTX 3090", 24)] * 2, 64),
+          "24+12gb": ([("NVIDIA GeForce RTX 4090", 24), ("NVIDIA GeForce RTX 3060", 12)], 64),
+          "3x16gb": ([("NVIDIA GeForce RTX 4060 Ti", 16)] * 3, 64)}
 ALIASES = {"8gb": "nvidia-8gb", "12gb": "nvidia-12gb", "16gb": "nvidia-16gb", "24gb": "nvidia-24gb",
            "laptop": "laptop-16gb", "cpu-16gb": "laptop-16gb"}
 
 
 def preset_names() -> list[str]:
-    return [*_NVIDIA, *_APPLE, "laptop-16gb"]
+    return [*_NVIDIA, *_MULTI, *_APPLE, "laptop-16gb"]
 
 
 def get_preset(name: str) -> HardwareProfile:
@@ -41,6 +45,14 @@ def get_preset(name: str) -> HardwareProfile:
                       free_bytes=vram * GiB - GiB // 2, compute_capability="8.9")
         return HardwareProfile(cpu=_X86, ram_total_bytes=ram * GiB, ram_available_bytes=(ram - 3) * GiB,
                                gpus=[gpu], disk=disk, os="Linux", label=f"{key}: {card} {vram} GB + {ram} GB RAM")
+    if key in _MULTI:
+        cards, ram = _MULTI[key]
+        gpus = [GpuInfo(name=card, vendor="nvidia", backend="cuda", total_bytes=vram * GiB,
+                        free_bytes=vram * GiB - (GiB // 2 if i == 0 else GiB // 8), index=i, compute_capability="8.6")
+                for i, (card, vram) in enumerate(cards)]  # the desktop's framebuffer sits on GPU 0
+        what = " + ".join(f"{c} {v} GB" for c, v in cards)
+        return HardwareProfile(cpu=_X86, ram_total_bytes=ram * GiB, ram_available_bytes=(ram - 3) * GiB,
+                               gpus=gpus, disk=disk, os="Linux", label=f"{key}: {what} + {ram} GB RAM")
     if key in _APPLE:
         chip, ram, cores = _APPLE[key]
         cpu = CpuInfo(model=chip, arch="arm64", physical_cores=cores, logical_cores=cores, simd=["NEON", "DOTPROD"])

@@ -99,4 +99,25 @@ def choose(cands: list[Candidate], hw, *, goal: str = "balanced", n_ctx: int | N
                f"{top:.0f}, at least {MIN_DECODE_TOK_S:g})" if fast
                else f"nothing reaches {MIN_DECODE_TOK_S:g} tok/s here: the fastest that fits")
     chosen.reasons.insert(0, f"{chosen.quant} (KL-divergence ≈ {chosen.quality_kld:g}): {why}")
+    _compare_with_local(chosen, cands, hw, n_ctx, kw)
     return chosen, plans
+
+
+def _compare_with_local(chosen: Plan, cands: list[Candidate], hw, n_ctx, kw) -> None:
+    """A plan that uses RPC workers: plan every candidate on this machine alone, and say so in the reasons
+    when one of them (a smaller quantization) decodes faster than the split (``links.slower_than_one_machine``)."""
+    if hw is None or not any(d.get("backend") == "rpc" and d.get("n_layers") for d in chosen.devices):
+        return
+    import dataclasses
+
+    from localrun.offload.links import slower_than_one_machine
+
+    local = dataclasses.replace(hw, gpus=[g for g in hw.gpus if g.backend != "rpc"])
+    alts = []
+    for c in cands:
+        p = plan_model(c.spec, local, n_ctx=n_ctx, **kw)
+        if p.fits and not p.disk_backed_bytes:
+            alts.append((f"{c.quant} on this machine alone", p.decode_tok_s))
+    why = slower_than_one_machine(chosen.decode_tok_s, alts)
+    if why:
+        chosen.reasons.insert(1, why)

@@ -33,8 +33,9 @@ class Plan:
     offload_kqv: bool = True
     swa_full: bool = False  # full-size SWA cache (llama-cpp-python's default is True; localrun's is False)
     kv_unified: bool = False  # one KV buffer shared by all sequences (llama-server's default for slots > 1)
-    main_gpu: int = 0
-    tensor_split: list[float] | None = None
+    main_gpu: int = 0  # the device of split_mode "none" (llama.cpp model params main_gpu)
+    tensor_split: list[float] | None = None  # layers per device, llama.cpp's order (offload/devices.py)
+    split_mode: str = "layer"  # none (one GPU: main_gpu) | layer | row (llama_split_mode)
 
     # --- what the planner predicts ---
     model: str = ""
@@ -68,6 +69,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # what the user must hear (fit prints them; chat/serve too)
     source: str = ""  # fit: "file" | "catalog" | "other quantization (not downloaded)"
     quality_kld: float | None = None  # fit: published mean KL-divergence of the quantization
+    devices: list[dict] = field(default_factory=list)  # several devices: DeviceUse.to_dict() each, bytes
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,11 +104,11 @@ def _gib(n: float) -> str:
     return fmt_bytes(n)
 
 
-def _budgets(hw) -> tuple[int, int]:
-    """(usable VRAM bytes of GPU 0 after the margin, usable RAM bytes)."""
+def _budgets(hw, gpu=None) -> tuple[int, int]:
+    """(usable VRAM bytes of ``gpu`` (default GPU 0) after the margin, usable RAM bytes)."""
     vram = 0
     if hw is not None and hw.gpus:
-        g = hw.gpus[0]
+        g = gpu or hw.gpus[0]
         vram = int(g.usable_bytes * (1 - VRAM_MARGIN))
     ram = hw.ram_available_bytes if hw is not None else 1 << 62
     return vram, ram
@@ -136,12 +138,14 @@ def flash_attention(kv_type: str, flash_attn: bool | None, on_gpu: bool) -> bool
 def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16", n_gpu_layers: int = 0,
              n_cpu_moe: int = 0, flash_attn: bool | None = None, use_mmap: bool = True, n_ubatch: int = 512,
              n_batch: int = 512, backend: str = "llamacpp", measurement: dict | None = None,
-             offload_kqv: bool = True) -> Plan:
+             offload_kqv: bool = True, gpu_indices: tuple[int, ...] | None = None) -> Plan:
     """Memory per tier, fits, and predicted speed of ONE configuration (no search).
 
-    Tiers: VRAM (GPU 0; Apple: the Metal working set inside RAM); RAM as anonymous memory (KV and
+    Tiers: VRAM (the GPUs; Apple: the Metal working set inside RAM); RAM as anonymous memory (KV and
     buffers on the CPU, runtime, weights when mmap is off) plus page cache for mmapped weights; and
     disk-backed pages: mmapped weights that do not fit in RAM and are re-read from disk every token.
+    ``gpu_indices``: which of ``hw.gpus`` to use (one: llama.cpp split_mode "none" with that main_gpu);
+    None = all of them (several: a layer split, ``offload/devices.py``; ``Plan.devices`` per device).
     """
     from localrun.offload import memory as M
     from localrun.offload import speed as S
@@ -150,7 +154,8 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     if kv_type not in M.KV_TYPES:
         raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
     n_layer = spec.n_layer
-    gpu = hw.gpus[0] if hw is not None and hw.gpus and n_gpu_layers != 0 else None
+    gpu_list = _gpu_list(hw, gpu_indices) if n_gpu_layers != 0 else []
+    gpu = gpu_list[0] if gpu_list else None
     ngl = n_gpu_layers if gpu is not None else 0
     ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
     fa = flash_attention(kv_type, flash_attn, gpu is not None)
@@ -176,10 +181,16 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     anon = (kv_cpu + compute_cpu + output + M.model_host_overhead_bytes(spec) + M.CONTEXT_HOST_BASE_BYTES
             + M.RUNTIME_BASE_BYTES + driver_host + (0 if use_mmap else ws.cpu_bytes))
     page_cache = ws.cpu_bytes if use_mmap else 0
-    vram_budget, ram_budget = _budgets(hw)
+    vram_budget, ram_budget = _budgets(hw, gpu)
+    devices, tsplit, row = [], None, None
+    if len(gpu_list) > 1:
+        devices, tsplit = _place(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe)
+        vram, vram_budget = sum(d.total_bytes for d in devices), sum(d.budget_bytes for d in devices)
     ram_for_host = ram_budget - (vram if unified else 0)
     disk_backed = max(0, min(page_cache, anon + page_cache - ram_for_host))
     fits = anon <= ram_for_host and (gpu is None or vram <= vram_budget)
+    if devices:
+        fits = fits and all(d.fits for d in devices)
     if not use_mmap and anon > ram_for_host:
         fits = False
     # --- speed ---
@@ -195,8 +206,17 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     bytes_tier = {"gpu": rd["gpu"] + kv_read_gpu, "cpu": rd["cpu"] * (1 - frac_disk) + kv_read - kv_read_gpu,
                   "disk": rd["cpu"] * frac_disk}
     params_tier = {"gpu": rd["gpu_params"], "cpu": rd["cpu_params"]}
+    if devices:
+        _split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers)
     decode = S.decode_tok_s(bytes_tier, tiers)
     prefill = S.prefill_tok_s(params_tier, tiers)
+    if devices:
+        from localrun.offload import links as L
+
+        hops = _hops([gpu_list[d.index] for d in devices if d.n_slots])
+        decode = L.with_hops(decode, L.decode_hops_s(hops, spec.n_embd))
+        prefill = L.with_hops(prefill, L.prefill_hops_s_per_token(hops, spec.n_embd, n_ubatch))
+        row = _row_split(devices, gpu_list, bytes_tier, tiers, decode, tsplit)
     quant = spec.file_type
     plan = Plan(backend=backend, n_ctx=n_ctx_seq, n_parallel=n_parallel, kv_unified=kv_unified,
                 n_gpu_layers=(n_layer + 1 if ngl < 0 else ngl), n_batch=n_batch, n_ubatch=n_ubatch,
@@ -208,6 +228,21 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
                 ram_bytes=anon + page_cache - disk_backed, disk_backed_bytes=disk_backed,
                 prefill_tok_s=prefill, decode_tok_s=decode, fits=fits)
     plan.n_cpu_moe = n_cpu_moe
+    if devices:
+        plan.tensor_split, plan.split_mode = tsplit, "layer"
+        plan.devices = [d.to_dict() for d in devices]
+        if row is not None:
+            plan.split_mode, plan.decode_tok_s = "row", row[0]
+    elif gpu is not None:
+        from localrun.offload.devices import DeviceUse
+
+        idx = hw.gpus.index(gpu)
+        if len(hw.gpus) > 1:
+            plan.split_mode, plan.main_gpu = "none", idx
+        one = DeviceUse(index=idx, name=gpu.name, backend=gpu.backend, layers=list(ws.gpu_layers),
+                        output=ws.output_on_gpu, weights_bytes=ws.gpu_bytes, kv_bytes=kv_gpu,
+                        compute_bytes=compute_gpu, overhead_bytes=driver_vram, budget_bytes=vram_budget)
+        plan.devices = [one.to_dict()]
     plan.ram_anon_bytes = anon
     plan.page_cache_bytes = page_cache - disk_backed
     plan.rss_bytes = anon - compute_cpu + min(compute_cpu, M.MiB) + page_cache - disk_backed
@@ -216,10 +251,15 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     plan.kv_gpu_bytes = kv_gpu
     plan.vram_budget_bytes = vram_budget
     plan.ram_budget_bytes = ram_for_host
-    plan.speed_source = tiers["cpu"].source if (gpu is None or rd["cpu"] > 0) else tiers["gpu"].source
+    gpu_tiers = [t for k, t in tiers.items() if k.startswith("gpu")]
+    plan.speed_source = tiers["cpu"].source if (gpu is None or rd["cpu"] > 0) else gpu_tiers[0].source
     plan.kv_cells = {p.name: p.cells for p in kv.parts}
     plan.n_ctx_train = spec.n_ctx_train
     plan.reasons = _reasons(plan, spec, hw, gpu, ws, kv, tiers, unified)
+    if devices:
+        plan.reasons[0] = _split_reason(plan, devices, n_layer)
+        if row is not None:
+            plan.reasons.insert(1, row[1])
     if fa and flash_attn is None and kv_type in QUANTIZED_KV and gpu is None:
         plan.reasons.append(f"flash attention on: llama.cpp needs it for a {kv_type} V cache")
     _context_notes(plan, spec, n_ctx)
@@ -230,6 +270,101 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
             f"{_gib(spec.expected_file_bytes)}, {spec.file_bytes / spec.expected_file_bytes:.0%}): planned from its "
             "header; it cannot be loaded until the download completes (`localrun pull` resumes it)")
     return plan
+
+
+def _gpu_list(hw, gpu_indices: tuple[int, ...] | None) -> list:
+    """The devices a plan uses, in llama.cpp's order (RPC devices first, src/llama.cpp): ``gpu_indices``
+    of ``hw.gpus``, else all of them (Apple's single unified GPU alone)."""
+    if hw is None or not hw.gpus:
+        return []
+    if gpu_indices is not None:
+        return [hw.gpus[i] for i in gpu_indices]
+    if any(g.unified for g in hw.gpus):
+        return [next(g for g in hw.gpus if g.unified)]
+    return [g for g in hw.gpus if g.backend == "rpc"] + [g for g in hw.gpus if g.backend != "rpc"]
+
+
+def _place(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe):
+    from localrun.offload import devices as D
+    from localrun.offload import memory as M
+
+    layer_compute = D.layer_compute_bytes(spec, kv.n_ctx_seq, n_ubatch=n_ubatch, flash_attn=fa)
+    return D.place(spec, kv, gpu_list, ngl, compute_full=compute, compute_layer=min(layer_compute, compute),
+                   offload_kqv=offload_kqv, n_cpu_moe=n_cpu_moe, margin=VRAM_MARGIN,
+                   cuda_overhead_bytes=M.CUDA_CONTEXT_VRAM_BYTES)
+
+
+def _split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers):
+    """Replace the one "gpu" tier by one tier per device: each reads its own layers' weights and KV at its
+    own bandwidth (``speed.weights_read_per_token`` on that device's layers)."""
+    from localrun.offload import speed as S
+
+    for table in (bytes_tier, params_tier, tiers):
+        table.pop("gpu", None)
+    for d in devices:
+        if not d.n_slots:
+            continue
+        key = f"gpu{d.index}"
+        rd = S.weights_read_per_token(spec, d.layers, d.output, n_cpu_moe)
+        tiers[key] = S.gpu_tier(gpu_list[d.index])
+        bytes_tier[key] = rd["gpu"] + (kv_read_gpu * d.kv_bytes / kv_gpu if kv_gpu else 0.0)
+        params_tier[key] = rd["gpu_params"]
+
+
+def _row_split(devices, gpu_list, bytes_tier, tiers, decode_layer: float, tsplit) -> tuple[float, str] | None:
+    """(decode tok/s, reason) when a row split pays (``devices.ROW_MIN_GAIN`` faster decode, all local CUDA
+    GPUs), else None. The KV cache and the memory per device are those of the layer split (in this
+    llama.cpp a layer's KV and norms still go to its layer's device; only matrices are cut by rows)."""
+    from localrun.offload import devices as D
+
+    used = [d for d in devices if d.n_slots]
+    if len(used) < 2 or decode_layer <= 0 or any(gpu_list[d.index].backend != "cuda" for d in used):
+        return None
+    keys = [f"gpu{d.index}" for d in used]
+    gpu_bytes = sum(bytes_tier.get(k, 0.0) for k in keys)
+    layer_gpu_s = sum(bytes_tier.get(k, 0.0) / (tiers[k].bandwidth_gbps * 1e9) for k in keys)
+    row_gpu_s = D.row_split_gpu_s(gpu_bytes, [tsplit[d.index] for d in used], [tiers[k].bandwidth_gbps for k in keys],
+                                  sum(len(d.layers) for d in used))
+    other_s = 1.0 / decode_layer - layer_gpu_s  # CPU layers and the hops stay
+    row = 1.0 / (other_s + row_gpu_s)
+    if row < decode_layer * D.ROW_MIN_GAIN:
+        return None
+    return row, (f"split_mode row: the GPUs read their shares of every matrix at once, ≈ {row:.1f} tok/s decode "
+                 f"vs {decode_layer:.1f} by layer, worth the per-matmul synchronisation on cards this slow "
+                 "(prefill gains nothing from it)")
+
+
+def _hops(used: list) -> list:
+    """The links between consecutive used devices: an RPC device's own link (``GpuInfo.link``, else
+    ``links.ETHERNET_1G``) when either side is remote, PCIe between two local GPUs."""
+    from localrun.offload import links as L
+
+    out = []
+    for a, b in zip(used, used[1:]):
+        remote = next((g for g in (a, b) if g.backend == "rpc"), None)
+        if remote is None:
+            out.append(L.PCIE)
+        elif getattr(remote, "link", None):
+            lk = remote.link
+            out.append(L.Link(remote.endpoint or remote.name, float(lk["latency_s"]), float(lk["bandwidth_gbps"]),
+                              L.RPC_ROUND_TRIPS, lk.get("source", "measured")))
+        else:
+            out.append(L.ETHERNET_1G)
+    return out
+
+
+def _split_reason(plan: Plan, devices, n_layer: int) -> str:
+    used = [d for d in devices if d.n_slots]
+    parts = []
+    for d in used:
+        rng = f"layers {d.layers[0]}-{d.layers[-1]}" if d.layers else "no layers"
+        parts.append(f"GPU {d.index} {d.name}: {rng}{' + output' if d.output else ''} "
+                     f"({_gib(d.total_bytes)} of {_gib(d.budget_bytes)})")
+    n_on = sum(len(d.layers) for d in used)
+    split = ",".join(f"{c:g}" for c in (plan.tensor_split or []))
+    how = "rows" if plan.split_mode == "row" else "layer"
+    return (f"{n_on} of {n_layer} layers split over {len(used)} GPUs by {how} (tensor_split {split}, in proportion "
+            f"to what each holds after its CUDA context and compute buffer): " + "; ".join(parts))
 
 
 def rope_scale_needed(n_ctx: int, n_ctx_train: int) -> float:
@@ -333,11 +468,13 @@ def plan_model(spec, hw, *, n_ctx: int | None = None, n_parallel: int = 1, kv_ty
             break
         p = evaluate(spec, hw, n_ctx=ctx, n_parallel=n_parallel, kv_type=base.kv_type,
                      n_gpu_layers=base.n_gpu_layers, n_cpu_moe=base.n_cpu_moe, flash_attn=flash_attn,
-                     use_mmap=use_mmap, backend=backend, measurement=measurement)
+                     use_mmap=use_mmap, backend=backend, measurement=measurement,
+                     gpu_indices=plan_gpu_indices(base))
         budget = p.vram_budget_bytes if p.kv_gpu_bytes else p.ram_budget_bytes
         if (p.fits and not p.disk_backed_bytes and p.n_gpu_layers >= base.n_gpu_layers
                 and p.n_cpu_moe <= base.n_cpu_moe and p.kv_cache_bytes <= KV_SHARE_MAX * budget):
             p.reasons.insert(_ctx_reason_at(p), _ctx_reason(p, trained, cap))
+            p.reasons[1:1] = [r for r in base.reasons if r.startswith("one card: ")]
             p.reasons += [r for r in base.reasons if r.startswith("CPU only: this llama.cpp")
                           or (r.startswith("KV cache ") and ": with " in r)]
             return p
@@ -433,6 +570,9 @@ def _better(a: Plan, b: Plan) -> bool:
 
 def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
     n_layer = spec.n_layer
+    one = _one_card(spec, hw, kv_type, kw)
+    if one is not None:
+        return one
     full = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=n_layer + 1, **kw)
     if full.fits:
         return full
@@ -465,6 +605,35 @@ def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
             f"{p.n_ctx}-token context): {_gib(nxt.vram_bytes)} > {_gib(p.vram_budget_bytes)} usable",
         )
     return p
+
+
+def _one_card(spec, hw, kv_type: str, kw: dict) -> Plan | None:
+    """Several GPUs and the whole model fits on one of them: that card alone (split_mode "none"), the
+    fastest first (most bandwidth, then most memory). A layer split runs the cards one after another
+    for every token, so two cards read the same bytes no faster than one, and add a PCIe hop per token,
+    a CUDA context and a compute buffer per card (offload/devices.py); the other cards stay free. None
+    when there is one GPU or no single card holds everything."""
+    from localrun.offload import speed as S
+
+    gpus = _gpu_list(hw, None)
+    if len(gpus) < 2:
+        return None
+    order = sorted(range(len(hw.gpus)), key=lambda i: (-S.gpu_tier(hw.gpus[i]).bandwidth_gbps,
+                                                      -hw.gpus[i].usable_bytes))
+    for i in order:
+        p = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=spec.n_layer + 1, gpu_indices=(i,), **kw)
+        if p.fits:
+            others = ", ".join(str(j) for j in range(len(hw.gpus)) if j != i)
+            p.reasons.insert(1, f"one card: it fits on GPU {i} alone (split_mode none, main_gpu {i}), which "
+                             f"decodes at least as fast as a layer split (the cards would run one after another, "
+                             f"plus a hop per token) and leaves GPU {others} free")
+            return p
+    return None
+
+
+def plan_gpu_indices(plan: Plan) -> tuple[int, ...] | None:
+    """The ``gpu_indices`` that re-evaluate ``plan``'s device choice (one card for split_mode none)."""
+    return (plan.main_gpu,) if plan.split_mode == "none" else None
 
 
 # ------------------------------------------------------------------------------------------------

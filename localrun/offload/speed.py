@@ -25,6 +25,7 @@ GPU_TABLE: dict[str, tuple[float, float]] = {
     "apple m1": (68, 2.6), "apple m1 pro": (200, 5.2), "apple m1 max": (400, 10.4), "apple m1 ultra": (800, 21),
     "apple m2": (100, 3.6), "apple m2 pro": (200, 6.8), "apple m2 max": (400, 13.6), "apple m2 ultra": (800, 27),
     "apple m3": (100, 4.1), "apple m3 pro": (150, 7.4), "apple m3 max": (400, 16.4), "apple m3 ultra": (819, 28),
+    "tesla p40": (347, 12), "tesla p100": (732, 19), "v100": (900, 112),
     "apple m4": (120, 4.3), "apple m4 pro": (273, 9.2), "apple m4 max": (546, 18.4),
 }
 GPU_DEFAULT = (400.0, 40.0)
