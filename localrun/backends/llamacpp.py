@@ -94,6 +94,8 @@ class LlamaCppEngine:
         mp.use_mmap = bool(plan.use_mmap)
         mp.use_mlock = bool(plan.use_mlock)
         mp.main_gpu = int(plan.main_gpu)
+        # the planner's device split (offload/devices.py): llama_split_mode NONE 0 (main_gpu alone), LAYER 1, ROW 2
+        mp.split_mode = {"none": 0, "layer": 1, "row": 2}[getattr(plan, "split_mode", "layer") or "layer"]
         if plan.tensor_split:
             arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
             self._tensor_split = arr_t(*plan.tensor_split)
