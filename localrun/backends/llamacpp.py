@@ -165,6 +165,7 @@ class LlamaCppEngine:
         self._piece = ctypes.create_string_buffer(256)
         self._eog: tuple[int, ...] | None = None
         self._dry_cache: dict = {}  # DRY prototype samplers by setting (llamacpp_sampling.make_sampler)
+        self.kv_cache = None  # kv_cache.KVCache: RAM/disk snapshot tiers (kv_cache.attach_kv_cache), None = off
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos_text = self.spec.token_text(self.spec.bos_token_id) or ""
         self.eos_text = self.spec.token_text(self.spec.eos_token_id) or ""
@@ -290,6 +291,8 @@ class LlamaCppEngine:
         if slot is None or slot.busy:
             raise BackendError("no free sequence slot", hint="wait for a running request to finish")
         sampler = self.make_sampler(params, prompt)
+        if self.kv_cache is not None:  # save the slot's KV before it is cut; restore a snapshot that reuses more
+            self.kv_cache.admit(self, slot, prompt)
         n_keep = common_prefix(slot.tokens, prompt)
         if n_keep == len(prompt):
             n_keep -= 1  # re-decode the last prompt token to get its logits
@@ -556,6 +559,8 @@ class LlamaCppEngine:
         C = getattr(self, "C", None)
         if C is None:
             return
+        if getattr(self, "kv_cache", None) is not None and getattr(self, "ctx", None):
+            self.kv_cache.persist(self)  # the slots' KV to the RAM tier, the RAM tier to disk
         for s in getattr(self, "slots", []):
             s.busy = False
         for proto in getattr(self, "_dry_cache", {}).values():

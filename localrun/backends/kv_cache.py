@@ -1,0 +1,404 @@
+"""KV-cache tiers for the llama.cpp engine: sequence snapshots kept in host RAM and on disk (issue 17).
+
+A snapshot is one sequence's KV and state, copied with llama.cpp's per-sequence state API
+(``llama_state_seq_get_data`` / ``llama_state_seq_set_data``, src/llama-context.cpp), keyed by the exact
+tokens it holds and by the model file and KV settings (``identity``). The engine calls ``KVCache.admit``
+when a prompt takes a slot: the slot's own tokens are saved first when the new prompt would cut them
+(its KV is about to be dropped), then the snapshot whose tokens share the longest prefix with the prompt
+is restored into the slot when it beats what the slot already holds. ``persist`` (the engine's ``close``)
+saves every slot and writes the RAM tier to disk, so the disk tier survives a restart.
+
+Tiers: RAM (``ram_bytes``) holds the payloads; the least recently used spill to the disk tier
+(``disk_dir``, ``disk_bytes``) when RAM is over budget, and disk files are deleted LRU first to keep its
+budget. A disk file is written atomically (a temporary name, then ``os.replace``) and is ``MAGIC``,
+a little-endian u64 header length, a JSON header (model id, settings, tokens, their SHA-256, payload length
+and SHA-256), then the payload. A file that is truncated, corrupt (the checksum differs) or from another
+model or other settings is ignored with a warning and deleted; it never reaches llama.cpp.
+
+Sliding-window models (Gemma-3's SWA layers without ``swa_full``): the SWA cache holds only the last
+``n_swa`` positions, so a snapshot can be resumed only at exactly the position where it was taken; such a
+snapshot is restored only when its tokens are a strict prefix of the prompt (never cut back).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from localrun.backends.text import common_prefix
+
+log = logging.getLogger("localrun.kv_cache")
+
+MAGIC = b"LRKV0001"
+SUFFIX = ".kvs"
+MIN_TOKENS = 32  # shorter prefixes are cheaper to prefill than to save and look up
+
+
+@dataclass
+class Snapshot:
+    """One saved sequence: ``tokens`` (the exact tokens whose KV it holds), ``nbytes`` (payload bytes),
+    ``data`` (the payload while in the RAM tier, else None), ``path`` (its disk file, or None)."""
+
+    tokens: tuple[int, ...]
+    nbytes: int
+    data: object = None  # ctypes uint8 array
+    path: Path | None = None
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class TierStats:
+    """Counters for /metrics and bench: hits per tier, misses, restored tokens, restore seconds, saves."""
+
+    hits_ram: int = 0
+    hits_disk: int = 0
+    misses: int = 0
+    restored_tokens: int = 0
+    restore_s: float = 0.0
+    saves: int = 0
+    spills: int = 0
+    corrupt_files: int = 0
+
+
+def model_identity(path: str | os.PathLike) -> str:
+    """A cheap identity of a model file: SHA-256 over its size, first 4 MiB and last 1 MiB (header,
+    metadata and the end of the tensor data), 16 hex digits. Hashing a whole multi-GB file would take
+    seconds at every load."""
+    p = Path(path)
+    size = p.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(p, "rb") as f:
+        h.update(f.read(4 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def engine_settings(engine) -> dict:
+    """The KV settings a snapshot depends on: context per sequence (tokens), KV type, SWA mode, flash
+    attention (V stored transposed without it), and the llama.cpp build."""
+    plan = engine.plan
+    return {"n_ctx": int(engine.n_ctx), "kv_type": str(plan.kv_type).lower(), "swa_full": bool(plan.swa_full),
+            "flash_attn": plan.flash_attn, "llama_cpp": str(getattr(engine.llama_cpp, "__version__", "?"))}
+
+
+def tokens_sha256(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()
+
+
+class KVCache:
+    """The RAM and disk tiers of one engine's snapshots (see the module docstring).
+
+    ``ram_bytes``: payload bytes held in RAM at most; ``disk_dir``: the folder for this model's files
+    (created), None for no disk tier; ``disk_bytes``: bytes of files in ``disk_dir`` at most. Thread-safe.
+    """
+
+    def __init__(self, model_id: str, settings: dict, *, ram_bytes: int, disk_dir: str | os.PathLike | None = None,
+                 disk_bytes: int = 0, min_tokens: int = MIN_TOKENS) -> None:
+        self.model_id = model_id
+        self.settings = settings
+        self.ram_bytes = max(0, int(ram_bytes))
+        self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self.disk_bytes = max(0, int(disk_bytes)) if self.disk_dir is not None else 0
+        self.min_tokens = min_tokens
+        self.stats = TierStats()
+        self.snapshots: dict[tuple[int, ...], Snapshot] = {}
+        self._lock = threading.RLock()
+        if self.disk_dir is not None:
+            self.disk_dir.mkdir(parents=True, exist_ok=True)
+            self._scan()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def ram_used_bytes(self) -> int:
+        return sum(s.nbytes for s in self.snapshots.values() if s.data is not None)
+
+    @property
+    def disk_used_bytes(self) -> int:
+        return sum(s.path.stat().st_size for s in self.snapshots.values() if s.path is not None and s.path.exists())
+
+    # ------------------------------------------------------------------ the engine's hooks
+    def admit(self, engine, slot, prompt: Sequence[int]) -> None:
+        """``prompt`` is about to run on ``slot`` (``LlamaCppEngine.start``, before it cuts the slot's KV to
+        the shared prefix): save the slot's tokens when the prompt would drop some of them, then restore
+        the best snapshot when it reuses more of the prompt than the slot does. The slot's ``tokens``
+        always equal its KV afterwards. Never raises for a bad snapshot (it is deleted, the prompt is
+        prefilled)."""
+        with self._lock:
+            cp = common_prefix(slot.tokens, prompt)
+            own = cp if self._cut_ok(engine, slot, cp) else 0
+            if cp < len(slot.tokens) - 1:
+                self.save(engine, slot)
+            if len(prompt) < self.min_tokens:
+                return
+            snap, usable = self.best(prompt, sliding=bool(engine.n_swa))
+            if snap is None or usable <= own:
+                self.stats.misses += 1 if own == 0 else 0
+                return
+            self.restore(engine, slot, snap)
+
+    def persist(self, engine) -> None:
+        """Save every slot's tokens and write the RAM tier to disk (the engine is closing): the next
+        process with the same ``disk_dir`` finds them."""
+        with self._lock:
+            for slot in engine.slots:
+                if len(slot.tokens) >= self.min_tokens:
+                    self.save(engine, slot)
+            if self.disk_dir is None:
+                return
+            for snap in sorted(self.snapshots.values(), key=lambda s: -s.last_used):
+                if snap.path is None and snap.data is not None:
+                    self._write(snap)
+
+    # ------------------------------------------------------------------ lookup
+    def best(self, prompt: Sequence[int], *, sliding: bool) -> tuple[Snapshot | None, int]:
+        """The snapshot that reuses the most of ``prompt`` → (snapshot, tokens reused), (None, 0) when none.
+        ``sliding``: only a snapshot whose tokens are a strict prefix of the prompt counts (an exact
+        boundary); otherwise any shared prefix (the restored KV is cut back to it)."""
+        best, best_n = None, 0
+        for snap in self.snapshots.values():
+            n = common_prefix(snap.tokens, prompt)
+            if sliding and not (n == len(snap.tokens) < len(prompt)):
+                continue
+            if n > best_n or (n == best_n and best is not None and snap.data is not None and best.data is None):
+                best, best_n = snap, n
+        return (best, best_n) if best_n >= self.min_tokens else (None, 0)
+
+    @staticmethod
+    def _cut_ok(engine, slot, n_keep: int) -> bool:
+        """Can the slot's own KV be cut to ``n_keep`` (the engine's sliding-window rule,
+        ``LlamaCppEngine.start``)?"""
+        if not engine.n_swa or n_keep == 0 or n_keep >= len(slot.tokens):
+            return True
+        pos_min = engine.C.llama_memory_seq_pos_min(engine.mem, slot.seq_id)
+        return 0 <= pos_min <= max(0, n_keep - engine.n_swa)
+
+    # ------------------------------------------------------------------ save / restore
+    def save(self, engine, slot) -> Snapshot | None:
+        """Copy ``slot``'s KV into the RAM tier (spilling LRU snapshots to disk past ``ram_bytes``).
+        Returns the snapshot, or None (too short, too big for every tier, or llama.cpp gave nothing)."""
+        tokens = tuple(slot.tokens)
+        if len(tokens) < self.min_tokens:
+            return None
+        with self._lock:
+            old = self.snapshots.get(tokens)
+            if old is not None:
+                old.last_used = time.monotonic()
+                return old
+            C = engine.C
+            n = int(C.llama_state_seq_get_size(engine.ctx, slot.seq_id))
+            if n == 0 or n > max(self.ram_bytes, self.disk_bytes):
+                return None
+            buf = (ctypes.c_uint8 * n)()
+            got = int(C.llama_state_seq_get_data(engine.ctx, buf, n, slot.seq_id))
+            if got != n:
+                log.warning("kv cache: llama.cpp copied %d of %d bytes of sequence %d; not saved", got, n,
+                            slot.seq_id)
+                return None
+            snap = Snapshot(tokens, n, data=buf)
+            if not engine.n_swa:  # a longer snapshot covers every prefix of itself: drop the shorter ones
+                for t in [t for t in self.snapshots if len(t) < len(tokens) and tokens[: len(t)] == t]:
+                    self._drop(self.snapshots[t])
+            self.snapshots[tokens] = snap
+            self.stats.saves += 1
+            self._keep_ram_budget()
+            return snap
+
+    def restore(self, engine, slot, snap: Snapshot) -> bool:
+        """Load ``snap`` into ``slot`` (its KV and ``tokens`` replaced). A disk snapshot is read and checked
+        first; a bad one is deleted. Returns whether the slot now holds it."""
+        t0 = time.perf_counter()
+        tier = "ram" if snap.data is not None else "disk"
+        data = snap.data if snap.data is not None else self._read(snap)
+        if data is None:
+            self.stats.misses += 1
+            return False
+        C = engine.C
+        C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
+        slot.tokens.clear()
+        got = int(C.llama_state_seq_set_data(engine.ctx, data, snap.nbytes, slot.seq_id))
+        pos_max = C.llama_memory_seq_pos_max(engine.mem, slot.seq_id)
+        if got == 0 or pos_max != len(snap.tokens) - 1:
+            log.warning("kv cache: llama.cpp did not accept a %d-token snapshot (read %d bytes, pos_max %d); "
+                        "deleted", len(snap.tokens), got, pos_max)
+            C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
+            self._drop(snap)
+            self.stats.misses += 1
+            return False
+        slot.tokens.extend(snap.tokens)
+        snap.last_used = time.monotonic()
+        if tier == "disk":
+            self.stats.hits_disk += 1
+            if snap.nbytes <= self.ram_bytes:  # promote: the next hit is a RAM hit
+                snap.data = data
+                self._keep_ram_budget(keep=snap)
+            if snap.path is not None and snap.path.exists():
+                os.utime(snap.path)
+        else:
+            self.stats.hits_ram += 1
+        dt = time.perf_counter() - t0
+        self.stats.restore_s += dt
+        self.stats.restored_tokens += len(snap.tokens)
+        log.debug("kv cache: restored %d tokens from %s in %.3f s%s", len(snap.tokens), tier, dt,
+                  " (sliding window: exact boundary)" if engine.n_swa else "")
+        return True
+
+    # ------------------------------------------------------------------ tiers
+    def _keep_ram_budget(self, keep: Snapshot | None = None) -> None:
+        """Spill (or, without a disk tier, forget) the least recently used RAM snapshots until the RAM
+        tier is within ``ram_bytes``."""
+        in_ram = sorted((s for s in self.snapshots.values() if s.data is not None), key=lambda s: s.last_used)
+        used = sum(s.nbytes for s in in_ram)
+        for snap in in_ram:
+            if used <= self.ram_bytes:
+                break
+            if snap is keep:
+                continue
+            used -= snap.nbytes
+            if snap.path is None and self.disk_dir is not None:
+                self._write(snap)
+                self.stats.spills += 1
+            snap.data = None
+            if snap.path is None:
+                self.snapshots.pop(snap.tokens, None)
+
+    def _drop(self, snap: Snapshot) -> None:
+        self.snapshots.pop(snap.tokens, None)
+        snap.data = None
+        if snap.path is not None:
+            snap.path.unlink(missing_ok=True)
+            snap.path = None
+
+    def _header(self, snap: Snapshot, payload_sha: str) -> bytes:
+        return json.dumps({"model": self.model_id, "settings": self.settings, "n_tokens": len(snap.tokens),
+                           "tokens_sha256": tokens_sha256(snap.tokens), "tokens": list(snap.tokens),
+                           "payload_bytes": snap.nbytes, "payload_sha256": payload_sha}).encode()
+
+    def _write(self, snap: Snapshot) -> bool:
+        """Write ``snap`` to the disk tier atomically, first deleting LRU files so that the folder stays
+        within ``disk_bytes`` while the temporary file exists. False when it cannot fit."""
+        header = self._header(snap, hashlib.sha256(memoryview(snap.data)).hexdigest())
+        size = len(MAGIC) + 8 + len(header) + snap.nbytes
+        if size > self.disk_bytes:
+            return False
+        on_disk = sorted((s for s in self.snapshots.values() if s.path is not None), key=lambda s: s.last_used)
+        used = self._folder_bytes()
+        for old in on_disk:
+            if used + size <= self.disk_bytes:
+                break
+            used -= old.path.stat().st_size if old.path.exists() else 0
+            old.path.unlink(missing_ok=True)
+            old.path = None
+            if old.data is None:
+                self.snapshots.pop(old.tokens, None)
+        if used + size > self.disk_bytes:
+            return False
+        name = tokens_sha256(snap.tokens)[:32] + SUFFIX
+        path = self.disk_dir / name
+        tmp = self.disk_dir / (f".{name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+                f.write(memoryview(snap.data))
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            log.warning("kv cache: could not write %s: %s", path, e)
+            return False
+        snap.path = path
+        return True
+
+    def _folder_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.disk_dir.iterdir() if p.is_file())
+
+    def _read_header(self, path: Path) -> tuple[dict, int] | None:
+        """The header of ``path`` and the payload's offset, or None (with a warning, the file deleted) when
+        it is not a snapshot of this model and settings, or is truncated."""
+        why = None
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC) + 8)
+                if len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
+                    why = "not a localrun KV snapshot"
+                else:
+                    (n,) = struct.unpack("<Q", head[len(MAGIC):])
+                    hdr = json.loads(f.read(min(n, size)).decode()) if n < size else None
+                    if not isinstance(hdr, dict):
+                        why = "truncated header"
+                    elif hdr.get("model") != self.model_id or hdr.get("settings") != self.settings:
+                        why = f"from another model or KV settings ({hdr.get('model')}, {hdr.get('settings')})"
+                    elif tokens_sha256(hdr.get("tokens", [])) != hdr.get("tokens_sha256"):
+                        why = "corrupt header (token checksum)"
+                    elif size != len(MAGIC) + 8 + n + int(hdr.get("payload_bytes", -1)):
+                        why = f"truncated ({size} bytes, the header says {len(MAGIC) + 8 + n + hdr['payload_bytes']})"
+                    else:
+                        return hdr, len(MAGIC) + 8 + n
+        except (OSError, ValueError, UnicodeDecodeError, struct.error) as e:
+            why = f"unreadable ({e})"
+        self._reject(path, why)
+        return None
+
+    def _reject(self, path: Path, why: str) -> None:
+        self.stats.corrupt_files += 1
+        log.warning("kv cache: ignoring %s: %s; deleted", path, why)
+        path.unlink(missing_ok=True)
+
+    def _scan(self) -> None:
+        """Index the disk tier's files (headers only); reject foreign, truncated and stray files."""
+        for path in sorted(self.disk_dir.iterdir()):
+            if not path.is_file():
+                continue
+            if path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)  # a write that never finished
+                continue
+            got = self._read_header(path)
+            if got is None:
+                continue
+            hdr, _ = got
+            tokens = tuple(int(t) for t in hdr["tokens"])
+            self.snapshots[tokens] = Snapshot(tokens, int(hdr["payload_bytes"]), path=path,
+                                              last_used=time.monotonic() - (time.time() - path.stat().st_mtime))
+
+    def _read(self, snap: Snapshot):
+        """The payload of a disk snapshot, checked against its header → a ctypes uint8 array, or None (the
+        file was bad: warned, deleted, forgotten)."""
+        got = self._read_header(snap.path) if snap.path is not None and snap.path.exists() else None
+        if got is None:
+            self.snapshots.pop(snap.tokens, None)
+            return None
+        hdr, offset = got
+        buf = (ctypes.c_uint8 * snap.nbytes)()
+        with open(snap.path, "rb") as f:
+            f.seek(offset)
+            n = f.readinto(buf)
+        if n != snap.nbytes or tuple(hdr["tokens"]) != snap.tokens:
+            self._reject(snap.path, "truncated payload")
+        elif hashlib.sha256(memoryview(buf)).hexdigest() != hdr["payload_sha256"]:
+            self._reject(snap.path, "content checksum mismatch")
+        else:
+            return buf
+        self.snapshots.pop(snap.tokens, None)
+        snap.path = None
+        return None
+
+
+def attach_kv_cache(engine, *, ram_bytes: int, disk_dir: str | os.PathLike | None = None,
+                    disk_bytes: int = 0) -> KVCache:
+    """Give a llama.cpp ``engine`` KV tiers: a ``KVCache`` for its model file and KV settings, its disk files
+    in ``disk_dir/<model id>`` (one folder per model: another model's files are never touched). Sets and
+    returns ``engine.kv_cache``."""
+    mid = model_identity(engine.model_path)
+    folder = Path(disk_dir) / mid if disk_dir is not None else None
+    cache = KVCache(mid, engine_settings(engine), ram_bytes=ram_bytes, disk_dir=folder, disk_bytes=disk_bytes)
+    engine.kv_cache = cache
+    return cache
