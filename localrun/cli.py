@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "localrun.commands.fit",
     "localrun.commands.models",
     "localrun.commands.bench",
+    "localrun.commands.worker",
 ]
 
 for _mod in COMMAND_MODULES:

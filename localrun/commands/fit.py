@@ -22,13 +22,18 @@ def register(app: typer.Typer) -> None:
         disk: Optional[str] = typer.Option(None, "--disk", help="Model disk: nvme, ssd or hdd."),
         preset: Optional[str] = typer.Option(None, "--preset", help="A named machine (nvidia-12gb, mac-36gb, "
                                              "laptop-16gb, …)."),
+        rpc: Optional[str] = typer.Option(None, "--rpc", help="RPC workers host:port,… (`localrun worker` on "
+                                          "other machines) to split the model over; needs the RPC build."),
+        rpc_link: Optional[str] = typer.Option(None, "--rpc-link", help="The link to the workers as "
+                                               "LAT_MS,GBPS (round trip ms, GB/s), instead of the measured one."),
         goal: str = typer.Option("balanced", "--goal", help="balanced, quality, speed or context."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Plan a model for this (or another) machine: quantization, GPU layers, context, KV type, memory
         per tier (VRAM, RAM, disk-backed pages) and predicted speed. Exit 0 when it fits, 1 when not."""
         code = run_fit(model, ctx=ctx, parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, vram=vram,
-                       ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out)
+                       ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out, rpc=rpc,
+                       rpc_link=rpc_link)
         if code:
             raise SystemExit(code)  # click swallows typer.Exit when standalone_mode=False
 
@@ -77,8 +82,10 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
 
 
 def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
-            disk=None, preset=None, goal="balanced", json_out=False) -> int:
-    """Plan, print, and return the exit status (0 fits, 1 nothing fits)."""
+            disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None) -> int:
+    """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
+    whose devices join the split (``machine.rpc.probe_rpc_workers``; BackendUnavailableError without the
+    RPC build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``)."""
     from localrun.errors import ConfigError
     from localrun.machine.measurements import planner_measurement
     from localrun.store.info import plan_model_here
@@ -87,7 +94,19 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
     if parallel < 1 or (ctx is not None and ctx < 1):
         raise ConfigError("--ctx and --parallel must be positive")
+    link = None
+    if rpc_link is not None:
+        from localrun.offload.links import parse_link
+
+        if not rpc:
+            raise ConfigError("--rpc-link describes the link to RPC workers", hint="add --rpc host:port,…")
+        lk = parse_link(rpc_link)
+        link = {"latency_s": lk.latency_s, "bandwidth_gbps": lk.bandwidth_gbps, "source": lk.source}
     hw = machine(preset=preset, vram=vram, ram=ram, gpu=gpu, disk=disk)
+    if rpc:
+        from localrun.machine.rpc import probe_rpc_workers
+
+        hw.gpus = probe_rpc_workers([e.strip() for e in rpc.split(",") if e.strip()], link) + hw.gpus
     detected = not (preset or vram or ram or gpu or disk)
     meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
     title, chosen, plans = plan_model_here(model, hw, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,

@@ -26,15 +26,21 @@ def register(app: typer.Typer) -> None:
             stderr().print(f"forgot {', '.join(gone)}" if gone else "no measurements were stored", highlight=False)
             if not measure:
                 return
+        from localrun.machine.rpc import RPC_REINSTALL, probe_rpc
+
         prof = probe_hardware()
+        rpc = probe_rpc()
         result = measure_llamacpp_cpu() if measure else None
         if json_out:
             d = prof.to_dict()
+            d["rpc"] = rpc.to_dict()
             if result is not None:
                 d["measurement"] = result
             print_json(d)
         else:
             stdout().print(prof)
+            stdout().print(f"RPC backend (localrun worker, llama.cpp --rpc): {rpc.detail}"
+                           + ("" if rpc.available else f"; to add it: {RPC_REINSTALL}"), highlight=False)
             if result is not None:
                 stdout().print(f"measured llama.cpp on the CPU: decode {result['decode_bandwidth_gbps']:.1f} GB/s "
                                f"effective, prefill {result['prefill_gflops']:.0f} GFLOP/s (stored in "
