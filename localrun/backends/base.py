@@ -124,6 +124,13 @@ class Stats:
     decode_s: float = 0.0
     n_ctx_used: int = 0  # tokens in this sequence's KV cache at the end
     n_ctx: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted and verified (backends/spec_decode.py)
+    accepted_tokens: int = 0  # of those, the ones the target kept
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted tokens; None when nothing was drafted."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
     def prefill_tok_s(self) -> float:
@@ -274,9 +281,10 @@ class BatchEngine(Engine, Protocol):
         ...
 
     def step(self, gens: Sequence[Generation]) -> list[tuple[Generation, Chunk]]:
-        """One forward pass for the running ``gens`` → the chunks it produced (at most one per
-        generation; a generation still prefilling may produce none). Raises BackendError (the decode
-        failed), KeyboardInterrupt (``interrupt()`` cut a prefill short; every slot stays consistent)."""
+        """One forward pass for the running ``gens`` → the chunks it produced, in order (one per token: with
+        speculative decoding a generation may get several; one still prefilling may get none). Raises
+        BackendError (the decode failed), KeyboardInterrupt (``interrupt()`` cut a prefill short; every
+        slot stays consistent)."""
         ...
 
     def release(self, gen: Generation, *, keep_kv: bool = True) -> None:

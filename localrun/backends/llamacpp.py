@@ -178,6 +178,33 @@ class LlamaCppEngine:
         self._abort = _AbortFlag()
         self._abort_cb = C.ggml_abort_callback(self._abort.check)
         self._no_abort_cb = C.ggml_abort_callback()
+        self.speculation = None  # llamacpp_spec.Speculation: speculative decoding (set_speculation), None = off
+
+    def set_speculation(self, mode: str = "auto", draft_max: int | None = None, draft_path: str | None = None,
+                        *, draft_n_gpu_layers: int | None = None) -> None:
+        """Speculative decoding for the generations started from now on (``spec_decode.py``):
+        ``mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``; ``draft_max`` tokens per verify step at most;
+        ``draft_path`` a GGUF with this model's vocabulary, loaded here with its own context. Raises
+        VocabularyMismatchError (checked on the headers, before loading), LocalrunError (``draft``
+        without a draft model, an unknown mode), BackendError (the draft does not load)."""
+        from localrun.backends.llamacpp_spec import DraftModel, Speculation, check_same_vocab
+        from localrun.backends.spec_decode import DRAFT_MAX_DEFAULT
+
+        old = self.speculation
+        if old is not None and old.draft is not None:
+            old.draft.close()
+        self.speculation = None
+        if mode == "off":
+            return
+        draft = None
+        if draft_path and mode in ("auto", "draft"):
+            from localrun.model.gguf_info import read_gguf
+
+            check_same_vocab(self.spec, read_gguf(draft_path))
+            ngl = self.plan.n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+            draft = DraftModel(draft_path, n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_gpu_layers=int(ngl),
+                               n_threads=int(self.plan.n_threads or physical_cores()))
+        self.speculation = Speculation(self, mode, DRAFT_MAX_DEFAULT if draft_max is None else draft_max, draft)
 
     # ------------------------------------------------------------------ model facts
     @property
@@ -305,9 +332,10 @@ class LlamaCppEngine:
         slot.busy = True
         slot.last_used = time.monotonic()
         # prefix caching: prime the sampler's penalty history with the reused prompt tokens
+        spec = self.speculation.begin(prompt, params) if self.speculation is not None else None
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
                           cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx),
-                          control=control)
+                          control=control, spec=spec)
 
     def _window_kept(self, slot: Slot, n_keep: int) -> bool:
         """Can ``slot``'s KV be cut back to its first ``n_keep`` tokens? Always, without sliding-window
@@ -361,6 +389,7 @@ class LlamaCppEngine:
         )
         waiting = [g for g in gens if not g.done and g.prefilling]
         prefill: list[tuple[Generation, int]] = []
+        spec, k = None, 0  # speculation in this step (a decode step only) and its draft length
         if waiting and (not decoding or self._prefill_turn):
             # round-robin over the prompts still prefilling (a new one first): a short request that
             # arrives during a long prompt's prefill waits one chunk, not the whole prompt
@@ -386,11 +415,17 @@ class LlamaCppEngine:
             decoding = []
             self._prefill_turn = False
         else:
+            # speculation: K drafted tokens after each sequence's pending one, the same K for all (a batch of
+            # equal per-sequence lengths stays one ubatch: llamacpp_spec.py), logits at every position
+            spec = self.speculation if decoding and all(g.spec is not None for g in decoding) else None
+            k = spec.plan(decoding) if spec is not None else 0
             for g in decoding:
-                batch.token[n], batch.pos[n], batch.n_seq_id[n] = g.pending, len(g.slot.tokens), 1
-                batch.seq_id[n][0], batch.logits[n] = g.slot.seq_id, 1
+                pos0 = len(g.slot.tokens)
                 outputs.append((g, n))
-                n += 1
+                for j, tok in enumerate([g.pending] + (g.spec.draft if k else [])):
+                    batch.token[n], batch.pos[n], batch.n_seq_id[n] = tok, pos0 + j, 1
+                    batch.seq_id[n][0], batch.logits[n] = g.slot.seq_id, 1
+                    n += 1
             self._prefill_turn = True
         if n == 0:
             return []
@@ -416,8 +451,35 @@ class LlamaCppEngine:
         for g, idx in outputs:
             if g.t_prefill_done == 0.0:
                 g.t_prefill_done = now
-            events.append((g, self._sample(g, idx, now)))
+            if decoding and k:
+                events.extend(self._verify(g, idx, now))
+                continue
+            chunk = self._sample(g, idx, now)
+            if g.spec is not None and decoding:
+                g.spec.record_shadow(chunk.token_id)
+            events.append((g, chunk))
+        if decoding and spec is not None:
+            spec.finish_step(decoding, k)
         return events
+
+    def _verify(self, g: Generation, idx: int, now: float) -> list[tuple[Generation, Chunk]]:
+        """The verify side of a speculative step for ``g``: its rows ``idx .. idx + K`` hold the logits
+        after its pending token and after each drafted one. Sample position m as usual (``_sample``: token
+        control, sampler chain or the draft-model rule, TextStream); while the token equals draft m, the
+        draft's KV cell is kept and position m + 1 is sampled. The cells after the last kept token are
+        removed (``llama_memory_seq_rm``). Returns one chunk per emitted token (1 .. K + 1)."""
+        sp, out = g.spec, []
+        m = 0
+        while True:
+            chunk = self._sample(g, idx + m, now, pick=self.speculation.pick_for(g, m))
+            out.append((g, chunk))
+            if g.done or m == len(sp.draft) or chunk.token_id != sp.draft[m]:
+                break
+            g.slot.tokens.append(sp.draft[m])  # its KV, written by this step, is now the sequence's own
+            m += 1
+        self.C.llama_memory_seq_rm(self.mem, g.slot.seq_id, len(g.slot.tokens), -1)
+        sp.record(m)
+        return out
 
     def _decode(self, batch, *, abortable: bool) -> int:
         """``llama_decode``; a prefill (``abortable``) stops between graph nodes when ``interrupt()`` is
@@ -450,10 +512,11 @@ class LlamaCppEngine:
         its KV, so the next request reuses what was prefilled)."""
         self._abort.requested = True
 
-    def _sample(self, g: Generation, idx: int, now: float) -> Chunk:
+    def _sample(self, g: Generation, idx: int, now: float, pick=None) -> Chunk:
         """Choose ``g``'s next token from logits row ``idx`` (its token control first: a forced token skips
         the sampler, a mask sets the disallowed logits of this row to -inf), then run it through the
-        sequence's ``TextStream``."""
+        sequence's ``TextStream``. ``pick(idx) -> token`` replaces the sampler chain's choice (the
+        draft-model rule of speculative sampling); the chain still accepts the token (its history)."""
         C, p, ctl = self.C, g.params, g.control
         lp = self._logprobs(idx, p.logprobs) if p.logprobs is not None else None  # the model's own, unmasked
         forced = ctl.forced() if ctl is not None else None
@@ -463,7 +526,11 @@ class LlamaCppEngine:
         else:
             if ctl is not None:
                 self._apply_mask(idx, ctl.mask())
-            tok = C.llama_sampler_sample(g.sampler, self.ctx, idx)
+            if pick is None:
+                tok = C.llama_sampler_sample(g.sampler, self.ctx, idx)
+            else:
+                tok = pick(idx)
+                C.llama_sampler_accept(g.sampler, tok)
         if ctl is not None:
             ctl.accept(tok)
         if not g.generated:
@@ -496,6 +563,12 @@ class LlamaCppEngine:
 
         row = np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
         np.copyto(row, -np.inf, where=~allowed)
+
+    def _row(self, idx: int):
+        """Logits row ``idx`` of the last decode: a float32 ``[n_vocab]`` view of llama.cpp's buffer."""
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
 
     def _logprobs(self, idx: int, top_n: int):
         import numpy as np
@@ -566,6 +639,10 @@ class LlamaCppEngine:
         for proto in getattr(self, "_dry_cache", {}).values():
             C.llama_sampler_free(proto)
         self._dry_cache = {}
+        spec = getattr(self, "speculation", None)
+        if spec is not None and spec.draft is not None:
+            spec.draft.close()
+            self.speculation = None
         if getattr(self, "_batch", None) is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

@@ -40,6 +40,7 @@ class Generation:
     cancelled: bool = False
     last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
     control: object | None = None  # backends.control.TokenControl: forced tokens, masks, complete; None = free
+    spec: object | None = None  # spec_decode.SeqSpec: speculative decoding state and counts; None = off
 
     @property
     def done(self) -> bool:
@@ -57,4 +58,6 @@ class Generation:
             ttft_s=(self.t_first or now) - self.t_start,
             prefill_s=(self.t_prefill_done or now) - self.t_start,
             decode_s=max(0.0, now - (self.t_first or now)),
-            n_ctx_used=len(self.slot.tokens), n_ctx=n_ctx)
+            n_ctx_used=len(self.slot.tokens), n_ctx=n_ctx,
+            draft_tokens=self.spec.draft_tokens if self.spec is not None else 0,
+            accepted_tokens=self.spec.accepted_tokens if self.spec is not None else 0)

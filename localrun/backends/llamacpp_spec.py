@@ -1,0 +1,313 @@
+"""Speculative decoding on llama.cpp: the per-engine ``Speculation`` (drafts for a step, the verify
+rules' llama.cpp side) and the ``DraftModel`` (a second, small model in the same process with its own
+context and KV). The pure parts (drafters, rules, controller) are in ``spec_decode.py``.
+
+Why every sequence in a verify step gets the SAME number of drafted tokens: with one KV stream per
+sequence (``kv_unified`` off, localrun's default) llama.cpp cuts a batch into ubatches with
+``split_equal(n_ubatch, sequential=true)`` (src/llama-batch.cpp, called from llama-kv-cache.cpp
+``init_batch``): each ubatch takes the same number of tokens from every sequence of a run of consecutive
+sequence ids. Counted with an eval callback on SmolLM2 (4 sequences): 1+1+1+1 tokens → 1 ubatch,
+5+5+5+5 → 1, 5+1+1+1 → 2, 5+3+1+5 → 4 (each ubatch reads all the weights again); with a unified KV all
+of them are 1. So a verify step pads shorter drafts (a padded position is simply rejected; any token is
+a valid draft for the exact rules) and the controller picks one K per step. The draft model's own
+context IS unified (its batches mix catch-up lengths freely), which costs it nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from localrun.backends.spec_decode import (
+    DRAFT_MAX_DEFAULT,
+    SPEC_MODES,
+    Acceptance,
+    NgramDrafter,
+    SeqSpec,
+    StepCost,
+    choose_k,
+    target_probs,
+)
+from localrun.backends.text import common_prefix
+from localrun.errors import BackendError, LocalrunError
+
+if TYPE_CHECKING:
+    from localrun.backends.llamacpp import LlamaCppEngine
+    from localrun.backends.llamacpp_seq import Generation
+
+
+class VocabularyMismatchError(LocalrunError):
+    exit_code = 2
+
+
+def check_same_vocab(target_spec, draft_spec) -> None:
+    """Raise VocabularyMismatchError unless the two GGUF headers describe the same tokenizer: model kind,
+    vocabulary size, BOS/EOS ids and the text of a sample of tokens (the first and last 256, every
+    97th). Reads headers only, before anything is loaded."""
+    t, d = target_spec, draft_spec
+    why = None
+    if t.metadata.get("tokenizer.ggml.model") != d.metadata.get("tokenizer.ggml.model"):
+        why = "tokenizer kinds differ"
+    elif t.vocab_size != d.vocab_size:
+        why = f"vocabulary sizes differ ({t.vocab_size} vs {d.vocab_size} tokens)"
+    elif (t.bos_token_id, t.eos_token_id) != (d.bos_token_id, d.eos_token_id):
+        why = "BOS/EOS token ids differ"
+    else:
+        n = t.vocab_size
+        ids = sorted(set(range(min(256, n))) | set(range(max(0, n - 256), n)) | set(range(0, n, 97)))
+        bad = next((i for i in ids if t.token_text(i) != d.token_text(i)), None)
+        if bad is not None:
+            why = f"token {bad} is {t.token_text(bad)!r} in the target but {d.token_text(bad)!r} in the draft"
+    if why:
+        raise VocabularyMismatchError(
+            f"the draft model does not share the target's vocabulary: {why}",
+            hint="use a draft model of the same family (the same tokenizer), or --spec ngram")
+
+
+class DraftModel:
+    """A small GGUF loaded next to the target: its own ``llama_context`` (unified KV, one sequence per
+    target slot, ``n_ctx`` tokens each) and a mirror of the tokens each sequence's KV holds.
+
+    ``propose`` brings each sequence's KV up to its context (only what changed since the last call is
+    decoded: the accepted tokens) and decodes ``k`` draft tokens for all sequences together, one
+    ``llama_decode`` per drafted position. Raises BackendError when llama.cpp cannot load it."""
+
+    def __init__(self, path: str, *, n_ctx: int, n_parallel: int, n_gpu_layers: int, n_threads: int) -> None:
+        from localrun.backends.llamacpp_lib import LlamaLog, import_llama, last_errors
+
+        _, C = import_llama()
+        self.C, self.path = C, path
+        mark = LlamaLog.mark()
+        mp = C.llama_model_default_params()
+        mp.n_gpu_layers = int(n_gpu_layers if n_gpu_layers >= 0 else 1_000_000)
+        self.model = C.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise BackendError(f"llama.cpp could not load the draft model {path}: " + last_errors(LlamaLog.since(mark)))
+        self.vocab = C.llama_model_get_vocab(self.model)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        cp = C.llama_context_default_params()
+        cp.n_ctx = int(n_ctx) * n_parallel
+        cp.n_batch = cp.n_ubatch = 512
+        cp.n_seq_max = n_parallel
+        cp.n_threads = cp.n_threads_batch = int(n_threads)
+        cp.kv_unified = True
+        cp.no_perf = True
+        self.ctx = C.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            C.llama_model_free(self.model)
+            raise BackendError("llama.cpp could not create the draft model's context: "
+                               + last_errors(LlamaLog.since(mark)), hint="lower --ctx or --parallel")
+        self.mem = C.llama_get_memory(self.ctx)
+        self.n_batch = 512
+        self.batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self.mirrors: list[list[int]] = [[] for _ in range(n_parallel)]
+
+    def logits(self, i: int):
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+
+    def propose(self, items: Sequence[tuple[int, list[int], object]], k: int) -> list[tuple[list[int], list]]:
+        """``items``: (sequence id, its context tokens, ``pick``) where ``pick(logits) -> (token, q row or
+        None)`` chooses a draft token (argmax, or a draw from q). Returns per item (``k`` tokens, q rows)."""
+        C = self.C
+        rows: dict[int, object] = {}
+        todo: list[tuple[int, int, int, bool]] = []  # (seq, pos, token, wants logits)
+        for seq, ctx_tokens, _ in items:
+            mirror = self.mirrors[seq]
+            keep = min(common_prefix(mirror, ctx_tokens), len(ctx_tokens) - 1)
+            C.llama_memory_seq_rm(self.mem, seq, keep, -1)
+            del mirror[keep:]
+            for j in range(keep, len(ctx_tokens)):
+                todo.append((seq, j, ctx_tokens[j], j == len(ctx_tokens) - 1))
+            mirror.extend(ctx_tokens[keep:])
+        for lo in range(0, len(todo), self.n_batch):  # catch-up, in chunks of n_batch tokens
+            part = todo[lo:lo + self.n_batch]
+            self._decode([(s, p, t, w) for s, p, t, w in part])
+            for i, (s, _, _, w) in enumerate(part):
+                if w:
+                    rows[s] = self.logits(i).copy()
+        self.caught_up = len(todo)  # tokens decoded to catch up (a new prompt's prefill included)
+        out: dict[int, tuple[list[int], list]] = {seq: ([], []) for seq, _, _ in items}
+        for step in range(k):
+            dec = []
+            for seq, _, pick in items:
+                tok, q = pick(rows[seq])
+                out[seq][0].append(tok)
+                out[seq][1].append(q)
+                if step < k - 1:
+                    dec.append((seq, len(self.mirrors[seq]), tok, True))
+                    self.mirrors[seq].append(tok)
+            if dec:
+                self._decode(dec)
+                for i, (s, _, _, _) in enumerate(dec):
+                    rows[s] = self.logits(i).copy()
+        return [out[seq] for seq, _, _ in items]
+
+    def _decode(self, toks: list[tuple[int, int, int, bool]]) -> None:
+        b = self.batch
+        for n, (s, p, t, w) in enumerate(toks):
+            b.token[n], b.pos[n], b.n_seq_id[n] = t, p, 1
+            b.seq_id[n][0], b.logits[n] = s, int(w)
+        b.n_tokens = len(toks)
+        rc = self.C.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise BackendError(f"the draft model's llama_decode failed (code {rc})")
+
+    def close(self) -> None:
+        if getattr(self, "batch", None) is not None:
+            self.C.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "ctx", None):
+            self.C.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            self.C.llama_model_free(self.model)
+            self.model = None
+
+
+def _plain_chain(p) -> bool:
+    """Whether the sampler chain for ``p`` is what ``target_probs`` computes (no penalties, DRY, grammar)."""
+    return (p.repeat_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty
+            and p.dry_multiplier <= 0 and not p.grammar)
+
+
+class Speculation:
+    """An engine's speculative decoding: the mode (``auto`` | ``ngram`` | ``draft``), ``draft_max``,
+    the optional draft model, the measured step costs, and per generation a ``SeqSpec``.
+
+    ``auto`` uses the draft model when one is loaded, else prompt lookup, each only while the controller
+    measures that it pays (``spec_decode.choose_k``); ``ngram``/``draft`` force the drafter but the
+    draft length still adapts (K = 0 when it would lose)."""
+
+    def __init__(self, engine: LlamaCppEngine, mode: str = "auto", draft_max: int = DRAFT_MAX_DEFAULT,
+                 draft: DraftModel | None = None) -> None:
+        if mode not in SPEC_MODES or mode == "off":
+            raise LocalrunError(f"unknown speculation mode {mode!r}", hint="use auto, ngram, draft or off")
+        if mode == "draft" and draft is None:
+            raise LocalrunError("--spec draft needs a draft model", hint="give --draft-model PATH, or use --spec ngram")
+        self.engine = engine
+        self.mode = mode
+        self.draft_max = max(0, int(draft_max))
+        self.draft = draft if mode in ("auto", "draft") else None
+        self.cost = StepCost()
+        self.t_step = 0.0
+        self.adaptive = True  # False: always draft as much as there is room for (tests, fixed-length benches)
+
+    def begin(self, prompt: Sequence[int], params) -> SeqSpec:
+        if self.draft is not None:
+            sampled = params.temperature > 0 and _plain_chain(params)
+            return SeqSpec(ngram=None, acceptance=Acceptance(prior_alpha=0.6), sampled=sampled)
+        return SeqSpec(ngram=NgramDrafter(prompt), acceptance=Acceptance(prior_alpha=0.5))
+
+    # -------------------------------------------------------------------- before the decode
+    def plan(self, gens: Sequence[Generation]) -> int:
+        """Choose K for this step and put each generation's draft (K tokens, padded) in ``g.spec.draft``;
+        0 = a plain step (then ``g.spec.shadow`` holds prompt lookup's proposal, to measure it)."""
+        eng = self.engine
+        self.t_step = time.perf_counter()
+        k_room = min(self.draft_max, eng.n_batch // max(1, len(gens)) - 1)
+        for g in gens:
+            p = g.params
+            left = eng.n_ctx - len(g.slot.tokens) - 2
+            if p.max_tokens is not None:
+                left = min(left, p.max_tokens - len(g.generated))
+            k_room = min(k_room, left)
+        lengths = []
+        for g in gens:
+            sp = g.spec
+            if sp.ngram is not None:
+                ctx_len = len(g.prompt) + len(g.generated)
+                sp.ngram.extend((g.prompt + g.generated)[len(sp.ngram.tokens):ctx_len])
+                sp.draft = sp.ngram.propose(max(0, k_room))
+                lengths.append(len(sp.draft))
+            else:
+                sp.acceptance.forget()
+                lengths.append(max(0, k_room))
+        if self.adaptive:
+            k = choose_k([g.spec.acceptance.alpha for g in gens], lengths, max(0, k_room), self.cost,
+                         draft=self.draft is not None)
+        else:
+            k = max(0, k_room) if any(lengths) else 0
+        if k == 0:
+            for g in gens:
+                g.spec.shadow, g.spec.draft, g.spec.real = g.spec.draft, [], 0
+            return 0
+        if self.draft is not None:
+            self._draft_model(gens, k)
+        self.t_step = time.perf_counter()  # the verify step's own cost (the draft's is measured apart)
+        for g in gens:
+            sp = g.spec
+            sp.real = min(len(sp.draft), k)
+            sp.draft = (sp.draft + [sp.draft[-1] if sp.draft else g.pending] * k)[:k]  # pad: rejected anyway
+        return k
+
+    def _draft_model(self, gens: Sequence[Generation], k: int) -> None:
+        import numpy as np
+
+        eng = self.engine
+        items = []
+        for g in gens:
+            sp = g.spec
+            if sp.sampled:
+                p = g.params
+                bias = dict(p.logit_bias)
+                if p.ignore_eos:
+                    bias.update((t, float("-inf")) for t in (eng._eog or ()))
+                rng = _rng(g)
+
+                def pick(row, p=p, bias=bias, rng=rng):
+                    q = target_probs(row, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                                     min_p=p.min_p, logit_bias=bias)
+                    return int(rng.choice(len(q), p=q)), q
+            else:
+                def pick(row):
+                    return int(np.argmax(row)), None
+            items.append((g.slot.seq_id, g.prompt + g.generated, pick))
+        t0 = time.perf_counter()
+        drafts = self.draft.propose(items, k)
+        if self.draft.caught_up <= len(gens) * (self.draft_max + 1):  # not a prompt's prefill: a draft's cost
+            self.cost.observe_draft(len(gens), (time.perf_counter() - t0) / k)
+        for g, (toks, qs) in zip(gens, drafts):
+            g.spec.draft, g.spec.q_rows = toks, qs
+
+    # -------------------------------------------------------------------- after the decode
+    def pick_for(self, g: Generation, m: int):
+        """The token chooser for verify position ``m`` of ``g`` (``LlamaCppEngine._sample``'s ``pick``),
+        or None for llama.cpp's own sampler chain (the deterministic rule)."""
+        sp = g.spec
+        if not sp.sampled:
+            return None
+        eng = self.engine
+
+        def pick(idx: int) -> int:
+            from localrun.backends.spec_decode import sample, speculative_accept
+
+            p_ = g.params
+            bias = dict(p_.logit_bias)
+            if p_.ignore_eos:
+                bias.update((t, float("-inf")) for t in (eng._eog or ()))
+            p = target_probs(eng._row(idx), temperature=p_.temperature, top_k=p_.top_k, top_p=p_.top_p,
+                             min_p=p_.min_p, logit_bias=bias)
+            rng = _rng(g)
+            if m < sp.real:
+                return speculative_accept(p, sp.q_rows[m], sp.draft[m], float(rng.random()), rng)[1]
+            return sample(p, rng)
+
+        return pick
+
+    def finish_step(self, gens: Sequence[Generation], k: int) -> None:
+        self.cost.observe(len(gens), k, time.perf_counter() - self.t_step)
+
+
+def _rng(g):
+    """The generation's own numpy Generator for the sampled rule (seeded from ``params.seed``)."""
+    import numpy as np
+
+    sp = g.spec
+    if sp.rng is None:
+        seed = g.params.seed if g.params.seed is not None else random.getrandbits(32)
+        sp.rng = np.random.default_rng(int(seed) & 0xFFFFFFFF)
+    return sp.rng
+
