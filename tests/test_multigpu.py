@@ -180,10 +180,17 @@ def test_rpc_worker_joins_the_split_and_the_network_costs_speed():
         assert p.devices[0]["backend"] == "rpc" and p.devices[0]["endpoint"] == "192.0.2.10:50052"
         assert p.devices[0]["overhead_bytes"] == 0  # the worker's CUDA context is the worker's business
         assert p.devices[0]["n_layers"] > 0 and p.devices[1]["output"]  # RPC first, as llama.cpp orders them
-    # one hop per token: 2 round trips + 32 KiB
+    # two network hops per token (this host's token embeddings → the worker → the local GPU), 32 KiB each
     dt = 1 / p_slow.decode_tok_s - 1 / p_fast.decode_tok_s
     expect = L.hop_s(L.Link("", 2e-3, 0.01, L.RPC_ROUND_TRIPS), 32768) - L.hop_s(L.Link("", 50e-6, 1.2, 2), 32768)
-    assert dt == pytest.approx(expect, rel=1e-6)
+    assert dt == pytest.approx(2 * expect, rel=1e-6)
+    # a worker alone (this host has no GPU): the logits come back too, n_vocab × 4 bytes per token
+    cpu = get_preset("laptop-16gb")
+    alone = plan_for_run(_spec("qwen3-32b"), _with_worker(cpu, 24, slow), n_ctx=4096, kv_type="f16")
+    assert alone.fits and alone.devices[0]["backend"] == "rpc" and alone.n_gpu_layers == 65
+    lk = L.Link("", 2e-3, 0.01, L.RPC_ROUND_TRIPS)
+    net_s = L.hop_s(lk, 5120 * 4) + L.hop_s(lk, 151936 * 4)
+    assert net_s > 0.06 and 1 / alone.decode_tok_s > net_s  # 60 ms of network per token at 10 MB/s
 
 
 def test_split_slower_than_a_smaller_quant_on_one_machine_is_said():

@@ -210,12 +210,17 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
         _split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers)
     decode = S.decode_tok_s(bytes_tier, tiers)
     prefill = S.prefill_tok_s(params_tier, tiers)
-    if devices:
+    used = [gpu_list[d.index] for d in devices if d.n_slots] if devices else gpu_list[:1]
+    if len(used) > 1 or any(g.backend == "rpc" for g in used):
         from localrun.offload import links as L
 
-        hops = _hops([gpu_list[d.index] for d in devices if d.n_slots])
-        decode = L.with_hops(decode, L.decode_hops_s(hops, spec.n_embd))
+        hops = _hops([None, *used])
+        extra_s = L.decode_hops_s(hops, spec.n_embd)
+        if used[-1].backend == "rpc" and ws.output_on_gpu:  # the logits come back over the network
+            extra_s += L.hop_s(_link(used[-1]), spec.vocab_size * 4)
+        decode = L.with_hops(decode, extra_s)
         prefill = L.with_hops(prefill, L.prefill_hops_s_per_token(hops, spec.n_embd, n_ubatch))
+    if devices:
         row = _row_split(devices, gpu_list, bytes_tier, tiers, decode, tsplit)
     quant = spec.file_type
     plan = Plan(backend=backend, n_ctx=n_ctx_seq, n_parallel=n_parallel, kv_unified=kv_unified,
@@ -334,23 +339,31 @@ def _row_split(devices, gpu_list, bytes_tier, tiers, decode_layer: float, tsplit
                  "(prefill gains nothing from it)")
 
 
-def _hops(used: list) -> list:
-    """The links between consecutive used devices: an RPC device's own link (``GpuInfo.link``, else
-    ``links.ETHERNET_1G``) when either side is remote, PCIe between two local GPUs."""
+def _hops(path: list) -> list:
+    """The links a token crosses along ``path`` (None = this host's CPU, where llama.cpp keeps the token
+    embeddings, then the used devices in order): an RPC device's link when either side is remote, PCIe
+    between two local GPUs. The CPU → local GPU copy is left out, as in the one-GPU speed model."""
     from localrun.offload import links as L
 
     out = []
-    for a, b in zip(used, used[1:]):
-        remote = next((g for g in (a, b) if g.backend == "rpc"), None)
-        if remote is None:
+    for a, b in zip(path, path[1:]):
+        remote = next((g for g in (a, b) if g is not None and g.backend == "rpc"), None)
+        if remote is not None:
+            out.append(_link(remote))
+        elif a is not None:
             out.append(L.PCIE)
-        elif getattr(remote, "link", None):
-            lk = remote.link
-            out.append(L.Link(remote.endpoint or remote.name, float(lk["latency_s"]), float(lk["bandwidth_gbps"]),
-                              L.RPC_ROUND_TRIPS, lk.get("source", "measured")))
-        else:
-            out.append(L.ETHERNET_1G)
     return out
+
+
+def _link(remote):
+    """An RPC device's link: ``GpuInfo.link`` (measured or ``--rpc-link``), else ``links.ETHERNET_1G``."""
+    from localrun.offload import links as L
+
+    lk = getattr(remote, "link", None)
+    if not lk:
+        return L.ETHERNET_1G
+    return L.Link(remote.endpoint or remote.name, float(lk["latency_s"]), float(lk["bandwidth_gbps"]),
+                  L.RPC_ROUND_TRIPS, lk.get("source", "measured"))
 
 
 def _split_reason(plan: Plan, devices, n_layer: int) -> str:
@@ -608,7 +621,7 @@ def _search_gpu(spec, hw, kv_type: str, kw: dict) -> Plan:
 
 
 def _one_card(spec, hw, kv_type: str, kw: dict) -> Plan | None:
-    """Several GPUs and the whole model fits on one of them: that card alone (split_mode "none"), the
+    """Several GPUs and the whole model fits on one local card: that card alone (split_mode "none"), the
     fastest first (most bandwidth, then most memory). A layer split runs the cards one after another
     for every token, so two cards read the same bytes no faster than one, and add a PCIe hop per token,
     a CUDA context and a compute buffer per card (offload/devices.py); the other cards stay free. None
@@ -618,8 +631,8 @@ def _one_card(spec, hw, kv_type: str, kw: dict) -> Plan | None:
     gpus = _gpu_list(hw, None)
     if len(gpus) < 2:
         return None
-    order = sorted(range(len(hw.gpus)), key=lambda i: (-S.gpu_tier(hw.gpus[i]).bandwidth_gbps,
-                                                      -hw.gpus[i].usable_bytes))
+    local = [i for i, g in enumerate(hw.gpus) if g.backend != "rpc"]  # a worker joins only when needed
+    order = sorted(local, key=lambda i: (-S.gpu_tier(hw.gpus[i]).bandwidth_gbps, -hw.gpus[i].usable_bytes))
     for i in order:
         p = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=spec.n_layer + 1, gpu_indices=(i,), **kw)
         if p.fits:
