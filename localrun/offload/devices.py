@@ -9,7 +9,9 @@ consecutive slots (the float quotients are computed the same way on both sides o
 planner passes counts, not fractions, and the last used device holds the output layer. Each layer's KV
 cache lives on its layer's device (src/llama-kv-cache.cpp: ``dev = model.dev_layer(il)`` when offloaded).
 The token embeddings stay on the CPU (``dev_input``). RPC devices come first in llama.cpp's device list
-(src/llama.cpp: "add RPC servers at the front of the list"), then local GPUs.
+(src/llama.cpp: "add RPC servers at the front of the list"), then local GPUs. Caveat (open): the planner
+numbers GPUs as NVML does (PCI bus order) while CUDA enumerates fastest first unless
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on a mixed box the two orders can differ, and tensor_split with them.
 
 Every used device pays its own CUDA context (``CUDA_CONTEXT_VRAM_BYTES``) and a compute buffer: the
 device with the output layer the full one (logits, ``memory.compute_buffer_bytes``), the others one sized
