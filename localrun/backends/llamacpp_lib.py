@@ -14,6 +14,12 @@ from localrun.errors import BackendUnavailableError
 
 
 def import_llama():
+    """(llama_cpp, its low-level module), with llama.cpp's log captured. Raises BackendUnavailableError.
+
+    Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (unless the user set it) before CUDA initialises: the planner
+    numbers GPUs as NVML does (PCI bus order) and its ``tensor_split``/``main_gpu`` must name the same cards;
+    CUDA's default order is fastest first, which differs on a box with mixed cards."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         import llama_cpp
         from llama_cpp import llama_cpp as C
