@@ -40,16 +40,22 @@ class Prepared:
     backend_reason: str = ""
     template: object = None
     force: bool = False
+    spec_mode: str = "off"  # speculative decoding (llama.cpp): auto | ngram | draft | off
+    draft_path: Path | None = None  # the draft model, its vocabulary checked against ``spec``
+    draft_max: int | None = None
 
 
 def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | None = None,
               n_parallel: int = 1, n_gpu_layers: int | None = None, kv_type: str | None = None,
               flash_attn: bool | None = None, n_threads: int | None = None, chat_template: str | None = None,
-              force: bool = False, models_dir: Path | None = None, hardware=None, warn: bool = True) -> Prepared:
+              force: bool = False, models_dir: Path | None = None, hardware=None, warn: bool = True,
+              spec_mode: str = "off", draft_model: str | None = None, draft_max: int | None = None) -> Prepared:
     """Resolve and plan MODEL without loading it (the server checks the plan's bytes against its residents
     first). ``hardware``: the profile to plan for (default: probe this machine). The plan's ``fits`` and
     ``reasons`` are not checked here (``offload.plan.check_fits``). ``warn``: print the plan's warnings on
-    stderr. Raises ModelNotFoundError, ModelFormatError/TruncatedModelError, ChatTemplateError."""
+    stderr. ``spec_mode``/``draft_model``/``draft_max``: speculative decoding (``load_model``), checked here.
+    Raises ModelNotFoundError, ModelFormatError/TruncatedModelError, ChatTemplateError,
+    VocabularyMismatchError, LocalrunError (a bad --spec)."""
     from localrun.backends.choice import choose_backend
     from localrun.machine.hardware import probe_hardware
     from localrun.model.chat_template import load_template
@@ -62,6 +68,7 @@ def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | Non
     if spec is not None:
         spec.check_complete()
     template = load_template(chat_template) if chat_template else None
+    draft_path = _check_speculation(spec_mode, draft_model, spec, models_dir)
     hw = hardware if hardware is not None else probe_hardware(models_dir)
     backend, reason = choose_backend(path, spec, hw, backend)
     if spec is not None:
@@ -80,7 +87,12 @@ def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | Non
         plan = Plan(backend=backend, n_ctx=n_ctx or 4096, n_parallel=n_parallel, model=Path(path).name)
     if n_threads:
         plan.n_threads = plan.n_threads_batch = n_threads
-    return Prepared(Path(path), spec, plan, hw, backend, reason, template, force)
+    if draft_path and spec is not None:
+        from localrun.offload.plan import add_draft_model
+
+        add_draft_model(plan, read_gguf(draft_path))
+    return Prepared(Path(path), spec, plan, hw, backend, reason, template, force, spec_mode,
+                    Path(draft_path) if draft_path else None, draft_max)
 
 
 def load_planned(prep: Prepared, status=None) -> Loaded:
@@ -96,25 +108,41 @@ def load_planned(prep: Prepared, status=None) -> Loaded:
     if prep.backend == "mlx":
         kwargs.update(hardware=prep.hardware, force=prep.force)  # the MLX memory guardrail uses this probe
     engine = load_engine(prep.path, plan, **kwargs)
+    if prep.spec_mode != "off" and prep.backend == "llamacpp":
+        if prep.draft_path:
+            (status or (lambda _text: None))(f"loading the draft model {prep.draft_path.name}")
+        try:
+            engine.set_speculation(prep.spec_mode, prep.draft_max, str(prep.draft_path) if prep.draft_path else None,
+                                   draft_n_gpu_layers=-1 if getattr(plan, "draft_on_gpu", False) else 0)
+        except BaseException:
+            engine.close()
+            raise
     return Loaded(engine=engine, spec=prep.spec, plan=plan, hardware=prep.hardware, backend_reason=prep.backend_reason)
 
 
 def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | None = None,
                n_parallel: int = 1, n_gpu_layers: int | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, n_threads: int | None = None, chat_template: str | None = None,
-               force: bool = False, status=None, models_dir: Path | None = None) -> Loaded:
+               force: bool = False, status=None, models_dir: Path | None = None, spec_mode: str = "off",
+               draft_model: str | None = None, draft_max: int | None = None) -> Loaded:
     """Resolve, plan and load MODEL (``plan_load``, ``check_fits``, ``load_planned``). ``status(text)`` is
     called with progress messages.
 
     The plan is ``plan_for_run`` for the detected machine; every flag given overrides the planner.
+    Speculative decoding (llama.cpp): ``spec_mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``, ``draft_model``
+    (a model argument, resolved like MODEL; its vocabulary is checked against MODEL's header before
+    anything loads), ``draft_max`` tokens per verify step at most (``backends/spec_decode.py``).
+
     Raises ModelNotFoundError, ModelFormatError/TruncatedModelError, InsufficientMemoryError (the plan
-    does not fit and not ``force``), ChatTemplateError (a bad --chat-template), backend errors.
+    does not fit and not ``force``), ChatTemplateError (a bad --chat-template), VocabularyMismatchError
+    (a draft model with another vocabulary), LocalrunError (a bad --spec), backend errors.
     """
     from localrun.offload.plan import check_fits
 
     prep = plan_load(model, backend=backend, n_ctx=n_ctx, n_parallel=n_parallel, n_gpu_layers=n_gpu_layers,
                      kv_type=kv_type, flash_attn=flash_attn, n_threads=n_threads, chat_template=chat_template,
-                     force=force, models_dir=models_dir)
+                     force=force, models_dir=models_dir, spec_mode=spec_mode, draft_model=draft_model,
+                     draft_max=draft_max)
     if prep.spec is not None:
         check_fits(prep.plan, force=force)
     return load_planned(prep, status)
@@ -126,3 +154,28 @@ def _gpu_offload_supported(backend: str) -> bool:
 
         return supports_gpu_offload()
     return True  # MLX: Metal on a Mac (the planner only offloads when the profile has a GPU)
+
+
+def _check_speculation(mode: str, draft_model: str | None, spec: ModelSpec | None, models_dir: Path | None):
+    """Check the speculation options before anything loads → the draft model's path, or None. Raises
+    LocalrunError (an unknown mode; ``draft`` without a draft model), ModelNotFoundError,
+    VocabularyMismatchError (the draft's header names another vocabulary than MODEL's)."""
+    from localrun.backends.spec_decode import SPEC_MODES
+    from localrun.errors import LocalrunError
+
+    if mode not in SPEC_MODES:
+        raise LocalrunError(f"unknown --spec {mode!r}", hint=f"use one of {', '.join(SPEC_MODES)}")
+    if mode == "draft" and not draft_model:
+        raise LocalrunError("--spec draft needs --draft-model", hint="give --draft-model MODEL, or use --spec ngram")
+    if not draft_model or mode in ("off", "ngram"):
+        return None
+    from localrun.backends.llamacpp_spec import check_same_vocab
+    from localrun.model.gguf_info import read_gguf
+    from localrun.store.resolve import resolve_model
+
+    draft_path = resolve_model(draft_model, models_dir)
+    if spec is not None and Path(draft_path).is_file():
+        draft_spec = read_gguf(draft_path)
+        draft_spec.check_complete()
+        check_same_vocab(spec, draft_spec)
+    return draft_path

@@ -194,6 +194,7 @@ class Speculation:
         self.cost = StepCost()
         self.t_step = 0.0
         self.adaptive = True  # False: always draft as much as there is room for (tests, fixed-length benches)
+        self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
 
     def begin(self, prompt: Sequence[int], params) -> SeqSpec:
         if self.draft is not None:
@@ -299,6 +300,20 @@ class Speculation:
 
     def finish_step(self, gens: Sequence[Generation], k: int) -> None:
         self.cost.observe(len(gens), k, time.perf_counter() - self.t_step)
+        if k:
+            self.verify_steps += 1
+            self.draft_tokens += sum(g.spec.real for g in gens)
+            self.accepted_tokens += sum(g.spec.last_accepted for g in gens)
+        else:
+            self.plain_steps += 1
+
+    def totals(self) -> dict:
+        """Engine-wide counts since loading: drafted / accepted tokens, verify and plain decode steps, the
+        acceptance rate (None before any draft), the mode and the draft model's file."""
+        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        return {"mode": self.mode, "draft_model": self.draft.path if self.draft else None,
+                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "acceptance_rate": rate, "verify_steps": self.verify_steps, "plain_steps": self.plain_steps}
 
 
 def _rng(g):

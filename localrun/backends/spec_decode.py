@@ -262,6 +262,7 @@ class SeqSpec:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     verify_steps: int = 0
+    last_accepted: int = 0  # accepted drafted tokens in the last verify step
 
     def record(self, n_accepted: int) -> None:
         """After a verify step: ``n_accepted`` of the ``real`` drafted tokens were kept."""
@@ -269,6 +270,7 @@ class SeqSpec:
         self.acceptance.observe(min(n_accepted, self.real), tried)
         self.draft_tokens += self.real
         self.accepted_tokens += min(n_accepted, self.real)
+        self.last_accepted = min(n_accepted, self.real)
         self.verify_steps += 1
 
     def record_shadow(self, token: int) -> None:

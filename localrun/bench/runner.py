@@ -39,6 +39,9 @@ class BenchOptions:
     calibrate: bool = False
     warmup: bool = True
     server_pid: int | None = None
+    spec_mode: str = "auto"  # speculative decoding in-process (llama.cpp): auto | ngram | draft | off
+    draft_model: str | None = None
+    draft_max: int | None = None
 
 
 def needed_ctx(w: Workload) -> int:
@@ -72,7 +75,8 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
         from localrun.store.resolve import display_name
 
         loaded = load_model(opts.model, backend="llamacpp", n_ctx=max(opts.n_ctx or 0, needed_ctx(w)),
-                            n_parallel=max(w.concurrency), n_threads=opts.n_threads)
+                            n_parallel=max(w.concurrency), n_threads=opts.n_threads, spec_mode=opts.spec_mode,
+                            draft_model=opts.draft_model, draft_max=opts.draft_max)
         engine, plan, spec = loaded.engine, loaded.plan, loaded.spec
         client = EngineClient(engine)
         target = {"path": engine.model_path, "model": display_name(engine.model_path), "backend": plan.backend,
@@ -100,6 +104,8 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
                   "hardware": hw.to_dict(), "plan": plan.to_dict() if plan is not None else None,
                   "slo": {"ttft_s": opts.slo_ttft_s, "tpot_s": opts.slo_tpot_s}, "levels": levels,
                   "predicted_vs_measured": None, "calibration": None, "started": started}
+        specu = getattr(engine, "speculation", None)
+        report["speculation"] = specu.totals() if specu is not None else None  # drafted/accepted, in-process
         if plan is not None:
             report["predicted_vs_measured"] = predicted_vs_measured(plan, levels)
             if opts.calibrate:

@@ -65,6 +65,12 @@ def register(app: typer.Typer) -> None:
         calibrate: bool = typer.Option(False, "--calibrate",
             help="Store this machine's measured bandwidth and compute for the planner (in-process)."),
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send one unmeasured request first."),
+        spec_mode: str = typer.Option("auto", "--spec", metavar="auto|ngram|draft|off",
+                                      help="Speculative decoding in-process (llama.cpp)."),
+        draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
+                                                  help="Draft model for --spec auto/draft (same vocabulary)."),
+        draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
+                                                help="Drafted tokens per verify step at most (default 8)."),
         json_out: bool = typer.Option(False, "--json",
             help="Print the report as JSON (stable schema localrun.bench/1)."),
         plot_file: Optional[str] = typer.Option(None, "--plot",
@@ -100,7 +106,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"{name} must be > 0, got {v}")
         opts = BenchOptions(model=model, url=url, model_name=model_name, api_key=api_key, endpoint=endpoint,
                             slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, price_kwh=price_kwh, n_ctx=ctx, n_threads=threads,
-                            calibrate=calibrate, warmup=warmup)
+                            calibrate=calibrate, warmup=warmup, spec_mode=spec_mode, draft_model=draft_model,
+                            draft_max=draft_max)
         with LiveProgress(console=stderr(), enabled=sys.stderr.isatty()) as prog:
             report = run_bench(w, opts, on_level_start=prog.level_start, on_result=prog.result)
         if plot_file:

@@ -74,6 +74,13 @@ def register(app: typer.Typer) -> None:
             help="Thinking models: think before answering, or not (default: the template's; /think in chat)."),
         reasoning_budget: Optional[int] = typer.Option(None, "--reasoning-budget", min=0, metavar="N",
             help="Thinking models: at most N tokens of thinking, then the model answers (0: at once)."),
+        spec_mode: str = typer.Option("auto", "--spec", metavar="auto|ngram|draft|off",
+                                      help="Speculative decoding (llama.cpp): prompt lookup or a draft model, on "
+                                           "while it measures a speed-up; same text as without."),
+        draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
+                                                  help="A small model with the same vocabulary (--spec)."),
+        draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
+                                                help="Drafted tokens per verify step at most (default 8)."),
         hide_thinking: bool = typer.Option(False, "--hide-thinking",
             help="Do not show the thinking (only how long it took); -p never writes it to stdout."),
     ) -> None:
@@ -96,10 +103,12 @@ def register(app: typer.Typer) -> None:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
                                     chat_template=chat_template, force=force,
-                                    status=lambda t: st.update(t))
+                                    status=lambda t: st.update(t), spec_mode=spec_mode,
+                                    draft_model=draft_model, draft_max=draft_max)
         else:
             loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                                kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force)
+                                kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force,
+                                spec_mode=spec_mode, draft_model=draft_model, draft_max=draft_max)
         engine = loaded.engine
         try:
             if not raw and not engine.has_chat_template:

@@ -70,6 +70,8 @@ class Plan:
     source: str = ""  # fit: "file" | "catalog" | "other quantization (not downloaded)"
     quality_kld: float | None = None  # fit: published mean KL-divergence of the quantization
     devices: list[dict] = field(default_factory=list)  # several devices: DeviceUse.to_dict() each, bytes
+    draft_bytes: int = 0  # speculative decoding's draft model: weights + KV + compute (add_draft_model)
+    draft_on_gpu: bool = False  # all its layers on the GPU (else the CPU)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -706,3 +708,30 @@ def check_fits(plan: Plan, force: bool = False) -> None:
         hint=f"use a smaller quantization, a shorter context (--ctx {max(512, plan.n_ctx // 4)}), "
         "--kv-type q8_0, fewer --n-gpu-layers, or --force to load anyway",
     )
+
+
+def add_draft_model(plan: Plan, draft) -> Plan:
+    """Add a speculative-decoding draft model (``draft``: its ModelSpec) to ``plan``, in place: its
+    weights, its KV (f16, unified, ``n_ctx × n_parallel`` cells: ``llamacpp_spec.DraftModel``'s context) and
+    compute buffer, on the GPU when the whole of it fits in the VRAM the target leaves (the draft runs
+    once per drafted token: on the CPU it would cost more than it saves), else in RAM (weights mmapped).
+    Sets ``fits`` False when the RAM budget is then exceeded. Returns ``plan``."""
+    from localrun.offload.memory import compute_buffer_bytes, kv_cache
+
+    kv = kv_cache(draft, plan.n_ctx, n_parallel=plan.n_parallel, kv_unified=True)
+    weights, compute = int(draft.tensor_bytes), compute_buffer_bytes(draft, kv.n_ctx_total)
+    plan.draft_bytes = weights + kv.bytes + compute
+    free_vram = plan.vram_budget_bytes - plan.vram_bytes
+    if plan.n_gpu_layers != 0 and plan.vram_budget_bytes and plan.draft_bytes <= free_vram:
+        plan.draft_on_gpu = True
+        plan.vram_bytes += plan.draft_bytes
+        plan.reasons.append(f"draft model on the GPU ({_gib(plan.draft_bytes)}: weights, KV, compute)")
+        return plan
+    plan.ram_bytes += plan.draft_bytes
+    plan.ram_anon_bytes += kv.bytes + compute
+    plan.page_cache_bytes += weights
+    plan.reasons.append(f"draft model in RAM ({_gib(plan.draft_bytes)}: weights, KV, compute)")
+    if plan.ram_budget_bytes and plan.ram_anon_bytes > plan.ram_budget_bytes:
+        plan.fits = False
+        plan.reasons.append("the draft model does not fit next to the model: drop --draft-model")
+    return plan
