@@ -27,8 +27,10 @@ CONTINUATION = "... "
 def stats_line(s: Stats) -> str:
     """'prompt 37 tok (30 cached) · TTFT 0.12 s · 81.7 tok/s · 64 tok · context 101/2048'"""
     cached = f" ({s.cached_tokens} cached)" if s.cached_tokens else ""
+    spec = (f" · drafted {s.draft_tokens}, accepted {s.accepted_tokens} ({s.acceptance_rate:.0%})"
+            if s.draft_tokens else "")  # speculative decoding (backends/spec_decode.py)
     return (f"prompt {s.prompt_tokens} tok{cached} · TTFT {s.ttft_s:.2f} s · {s.decode_tok_s:.1f} tok/s · "
-            f"{s.completion_tokens} tok · context {s.n_ctx_used}/{s.n_ctx}")
+            f"{s.completion_tokens} tok · context {s.n_ctx_used}/{s.n_ctx}{spec}")
 
 
 def newline_bindings():

@@ -196,10 +196,14 @@ def usage(stats: Stats | None, reasoning_tokens: int = 0) -> dict:
     """OpenAI ``usage``; ``reasoning_tokens`` (completion tokens spent thinking) are part of
     ``completion_tokens``, as in OpenAI's ``completion_tokens_details``."""
     s = stats or Stats()
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-            "total_tokens": s.prompt_tokens + s.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
+    out = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+           "total_tokens": s.prompt_tokens + s.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+           "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
+    if s.draft_tokens:  # localrun's extension: speculative decoding's drafted / accepted tokens
+        out["speculative"] = {"draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                              "acceptance_rate": s.acceptance_rate}
+    return out
 
 
 def chat_logprobs(lps: Sequence[TokenLogprob]) -> dict:
