@@ -95,6 +95,75 @@ def tokens_sha256(tokens: Sequence[int]) -> str:
     return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()
 
 
+class SnapshotFileError(Exception):
+    """A snapshot file that must not be restored; ``str()`` says why (truncated, corrupt, another model)."""
+
+
+def write_snapshot_file(path: Path, model_id: str, settings: dict, tokens: Sequence[int], data) -> int:
+    """Write a snapshot file atomically (a temporary name in the same folder, then ``os.replace``): ``MAGIC``,
+    a u64 header length, the JSON header, the payload ``data`` (a ctypes uint8 array). → bytes written.
+    Raises OSError (the temporary file is removed)."""
+    nbytes = ctypes.sizeof(data)
+    header = json.dumps({"model": model_id, "settings": settings, "n_tokens": len(tokens),
+                         "tokens_sha256": tokens_sha256(tokens), "tokens": list(tokens), "payload_bytes": nbytes,
+                         "payload_sha256": hashlib.sha256(memoryview(data)).hexdigest()}).encode()
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+            f.write(memoryview(data))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(MAGIC) + 8 + len(header) + nbytes
+
+
+def snapshot_file_size(tokens: Sequence[int], nbytes: int, model_id: str, settings: dict) -> int:
+    """An upper bound of the file ``write_snapshot_file`` writes (the header's JSON, estimated)."""
+    return len(MAGIC) + 8 + 400 + len(json.dumps(settings)) + len(model_id) + 12 * len(tokens) + nbytes
+
+
+def read_snapshot_header(path: Path, model_id: str, settings: dict) -> tuple[dict, int]:
+    """(header, payload offset) of a snapshot file of this model and settings. Raises SnapshotFileError
+    (not a snapshot, another model or settings, truncated, corrupt header), OSError."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 8)
+        if len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
+            raise SnapshotFileError("not a localrun KV snapshot")
+        (n,) = struct.unpack("<Q", head[len(MAGIC):])
+        try:
+            hdr = json.loads(f.read(n).decode()) if n < size else None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SnapshotFileError(f"corrupt header ({e})") from None
+    if not isinstance(hdr, dict):
+        raise SnapshotFileError("truncated header")
+    if hdr.get("model") != model_id or hdr.get("settings") != settings:
+        raise SnapshotFileError(f"from another model or KV settings ({hdr.get('model')}, {hdr.get('settings')}; "
+                                f"this is {model_id}, {settings})")
+    if tokens_sha256(hdr.get("tokens", [])) != hdr.get("tokens_sha256"):
+        raise SnapshotFileError("corrupt header (token checksum)")
+    want = len(MAGIC) + 8 + n + int(hdr.get("payload_bytes", -1))
+    if size != want:
+        raise SnapshotFileError(f"truncated ({size} bytes, the header says {want})")
+    return hdr, len(MAGIC) + 8 + n
+
+
+def read_snapshot_file(path: Path, model_id: str, settings: dict):
+    """(tokens, payload as a ctypes uint8 array) of a checked snapshot file. Raises SnapshotFileError (see
+    ``read_snapshot_header``; the payload's SHA-256 differs), OSError."""
+    hdr, offset = read_snapshot_header(path, model_id, settings)
+    buf = (ctypes.c_uint8 * int(hdr["payload_bytes"]))()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if f.readinto(buf) != ctypes.sizeof(buf):
+            raise SnapshotFileError("truncated payload")
+    if hashlib.sha256(memoryview(buf)).hexdigest() != hdr["payload_sha256"]:
+        raise SnapshotFileError("content checksum mismatch")
+    return tuple(int(t) for t in hdr["tokens"]), buf
+
+
 class KVCache:
     """The RAM and disk tiers of one engine's snapshots (see the module docstring).
 
@@ -149,15 +218,26 @@ class KVCache:
     def persist(self, engine) -> None:
         """Save every slot's tokens and write the RAM tier to disk (the engine is closing): the next
         process with the same ``disk_dir`` finds them."""
+        if self.disk_dir is None:
+            return  # RAM ends with the process
         with self._lock:
             for slot in engine.slots:
                 if len(slot.tokens) >= self.min_tokens:
                     self.save(engine, slot)
-            if self.disk_dir is None:
-                return
             for snap in sorted(self.snapshots.values(), key=lambda s: -s.last_used):
                 if snap.path is None and snap.data is not None:
                     self._write(snap)
+
+    def spill_all(self) -> None:
+        """Move every RAM snapshot to the disk tier (those that do not fit there are forgotten)."""
+        with self._lock:
+            for snap in list(self.snapshots.values()):
+                if snap.data is not None and snap.path is None and self.disk_dir is not None:
+                    self._write(snap)
+                    self.stats.spills += 1
+                snap.data = None
+                if snap.path is None:
+                    self.snapshots.pop(snap.tokens, None)
 
     # ------------------------------------------------------------------ lookup
     def best(self, prompt: Sequence[int], *, sliding: bool) -> tuple[Snapshot | None, int]:
@@ -278,16 +358,10 @@ class KVCache:
             snap.path.unlink(missing_ok=True)
             snap.path = None
 
-    def _header(self, snap: Snapshot, payload_sha: str) -> bytes:
-        return json.dumps({"model": self.model_id, "settings": self.settings, "n_tokens": len(snap.tokens),
-                           "tokens_sha256": tokens_sha256(snap.tokens), "tokens": list(snap.tokens),
-                           "payload_bytes": snap.nbytes, "payload_sha256": payload_sha}).encode()
-
     def _write(self, snap: Snapshot) -> bool:
         """Write ``snap`` to the disk tier atomically, first deleting LRU files so that the folder stays
         within ``disk_bytes`` while the temporary file exists. False when it cannot fit."""
-        header = self._header(snap, hashlib.sha256(memoryview(snap.data)).hexdigest())
-        size = len(MAGIC) + 8 + len(header) + snap.nbytes
+        size = snapshot_file_size(snap.tokens, snap.nbytes, self.model_id, self.settings)
         if size > self.disk_bytes:
             return False
         on_disk = sorted((s for s in self.snapshots.values() if s.path is not None), key=lambda s: s.last_used)
@@ -302,16 +376,10 @@ class KVCache:
                 self.snapshots.pop(old.tokens, None)
         if used + size > self.disk_bytes:
             return False
-        name = tokens_sha256(snap.tokens)[:32] + SUFFIX
-        path = self.disk_dir / name
-        tmp = self.disk_dir / (f".{name}.{os.getpid()}.tmp")
+        path = self.disk_dir / (tokens_sha256(snap.tokens)[:32] + SUFFIX)
         try:
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-                f.write(memoryview(snap.data))
-            os.replace(tmp, path)
+            write_snapshot_file(path, self.model_id, self.settings, snap.tokens, snap.data)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             log.warning("kv cache: could not write %s: %s", path, e)
             return False
         snap.path = path
@@ -323,30 +391,11 @@ class KVCache:
     def _read_header(self, path: Path) -> tuple[dict, int] | None:
         """The header of ``path`` and the payload's offset, or None (with a warning, the file deleted) when
         it is not a snapshot of this model and settings, or is truncated."""
-        why = None
         try:
-            size = path.stat().st_size
-            with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + 8)
-                if len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
-                    why = "not a localrun KV snapshot"
-                else:
-                    (n,) = struct.unpack("<Q", head[len(MAGIC):])
-                    hdr = json.loads(f.read(min(n, size)).decode()) if n < size else None
-                    if not isinstance(hdr, dict):
-                        why = "truncated header"
-                    elif hdr.get("model") != self.model_id or hdr.get("settings") != self.settings:
-                        why = f"from another model or KV settings ({hdr.get('model')}, {hdr.get('settings')})"
-                    elif tokens_sha256(hdr.get("tokens", [])) != hdr.get("tokens_sha256"):
-                        why = "corrupt header (token checksum)"
-                    elif size != len(MAGIC) + 8 + n + int(hdr.get("payload_bytes", -1)):
-                        why = f"truncated ({size} bytes, the header says {len(MAGIC) + 8 + n + hdr['payload_bytes']})"
-                    else:
-                        return hdr, len(MAGIC) + 8 + n
-        except (OSError, ValueError, UnicodeDecodeError, struct.error) as e:
-            why = f"unreadable ({e})"
-        self._reject(path, why)
-        return None
+            return read_snapshot_header(path, self.model_id, self.settings)
+        except (SnapshotFileError, OSError) as e:
+            self._reject(path, str(e))
+            return None
 
     def _reject(self, path: Path, why: str) -> None:
         self.stats.corrupt_files += 1
@@ -372,21 +421,15 @@ class KVCache:
     def _read(self, snap: Snapshot):
         """The payload of a disk snapshot, checked against its header → a ctypes uint8 array, or None (the
         file was bad: warned, deleted, forgotten)."""
-        got = self._read_header(snap.path) if snap.path is not None and snap.path.exists() else None
-        if got is None:
-            self.snapshots.pop(snap.tokens, None)
-            return None
-        hdr, offset = got
-        buf = (ctypes.c_uint8 * snap.nbytes)()
-        with open(snap.path, "rb") as f:
-            f.seek(offset)
-            n = f.readinto(buf)
-        if n != snap.nbytes or tuple(hdr["tokens"]) != snap.tokens:
-            self._reject(snap.path, "truncated payload")
-        elif hashlib.sha256(memoryview(buf)).hexdigest() != hdr["payload_sha256"]:
-            self._reject(snap.path, "content checksum mismatch")
-        else:
-            return buf
+        try:
+            tokens, buf = read_snapshot_file(snap.path, self.model_id, self.settings)
+            if tokens == snap.tokens and ctypes.sizeof(buf) == snap.nbytes:
+                return buf
+            why = "its tokens changed since it was indexed"
+        except (SnapshotFileError, OSError) as e:
+            why = str(e)
+        if snap.path is not None:
+            self._reject(snap.path, why)
         self.snapshots.pop(snap.tokens, None)
         snap.path = None
         return None
@@ -402,3 +445,32 @@ def attach_kv_cache(engine, *, ram_bytes: int, disk_dir: str | os.PathLike | Non
     cache = KVCache(mid, engine_settings(engine), ram_bytes=ram_bytes, disk_dir=folder, disk_bytes=disk_bytes)
     engine.kv_cache = cache
     return cache
+
+
+def save_slot_file(engine, slot, path: str | os.PathLike) -> int:
+    """Write ``slot``'s KV (a llama.cpp engine's sequence) to ``path`` as a snapshot file (``/save`` in
+    ``localrun chat``) → bytes written; 0 when there is nothing to save. Raises OSError."""
+    n = int(engine.C.llama_state_seq_get_size(engine.ctx, slot.seq_id)) if slot.tokens else 0
+    if n == 0:
+        return 0
+    buf = (ctypes.c_uint8 * n)()
+    if int(engine.C.llama_state_seq_get_data(engine.ctx, buf, n, slot.seq_id)) != n:
+        return 0
+    return write_snapshot_file(Path(path), model_identity(engine.model_path), engine_settings(engine),
+                               tuple(slot.tokens), buf)
+
+
+def load_slot_file(engine, slot, path: str | os.PathLike) -> int:
+    """Restore a snapshot file written by ``save_slot_file`` into ``slot`` (its KV and ``tokens`` replaced)
+    → tokens restored. Raises SnapshotFileError (another model or settings, corrupt, truncated, or llama.cpp
+    refused it: the slot is then empty), OSError."""
+    tokens, buf = read_snapshot_file(Path(path), model_identity(engine.model_path), engine_settings(engine))
+    C = engine.C
+    C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
+    slot.tokens.clear()
+    got = int(C.llama_state_seq_set_data(engine.ctx, buf, ctypes.sizeof(buf), slot.seq_id))
+    if got == 0 or C.llama_memory_seq_pos_max(engine.mem, slot.seq_id) != len(tokens) - 1:
+        C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
+        raise SnapshotFileError("llama.cpp did not accept the snapshot")
+    slot.tokens.extend(tokens)
+    return len(tokens)

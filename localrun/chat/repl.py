@@ -242,14 +242,21 @@ class Repl:
                 if not arg:
                     self.con.print("usage: /save FILE", style="yellow")
                 else:
+                    s.notices.clear()
                     p = s.save(arg)
                     self.con.print(f"saved {len(s.messages)} messages to {p}", style="dim")
+                    for note in s.notices:
+                        self.con.print(note, style="yellow")
             elif cmd == "/load":
                 if not arg:
                     self.con.print("usage: /load FILE", style="yellow")
                 else:
+                    s.notices.clear()
                     n = s.load(arg)
-                    self.con.print(f"loaded {n} messages from {arg}", style="dim")
+                    kv = f" and {s.kv_restored_tokens} tokens of KV cache" if s.kv_restored_tokens else ""
+                    self.con.print(f"loaded {n} messages{kv} from {arg}", style="dim")
+                    for note in s.notices:
+                        self.con.print(note, style="yellow")
             else:
                 self.con.print(f"unknown command {cmd}; /help lists them", style="yellow")
         except LocalrunError as e:

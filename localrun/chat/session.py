@@ -74,6 +74,7 @@ class ChatSession:
     think: bool | None = None  # /think on|off, --think/--no-think; None: the template's default (on)
     reasoning_budget: int | None = None  # tokens of thinking per turn (/think budget N); None: no budget
     thought: Thought | None = None  # the thinking of the current / last turn (None: it did not think)
+    kv_restored_tokens: int = 0  # tokens of KV the last load() restored (the saved ``FILE.kv``)
 
     def __post_init__(self) -> None:
         if self.context_policy not in CONTEXT_POLICIES:
@@ -264,7 +265,35 @@ class ChatSession:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, ensure_ascii=False)
         os.replace(tmp, p)
+        self._save_kv(kv_path(p))
         return p
+
+    def _save_kv(self, path: Path) -> None:
+        """The conversation's KV (llama.cpp's slot 0, what chat runs on) next to the messages, so /load and
+        --resume continue without prefilling it (``backends/kv_cache.py``). Other backends: nothing."""
+        if getattr(self.engine, "backend", None) != "llamacpp":  # a test's stand-in has none
+            return
+        from localrun.backends.kv_cache import save_slot_file
+
+        try:
+            if not save_slot_file(self.engine, self.engine.slots[0], path):
+                path.unlink(missing_ok=True)  # no KV now: an older snapshot must not outlive its messages
+        except OSError as e:
+            self.notices.append(f"the KV cache was not saved ({e}); /load will prefill the conversation")
+
+    def _load_kv(self, path: Path) -> int:
+        """Restore the KV saved next to the messages → tokens restored (0: none, or not usable: said in
+        ``notices``; the next turn then prefills the conversation)."""
+        if getattr(self.engine, "backend", None) != "llamacpp" or not path.is_file():
+            return 0
+        from localrun.backends.kv_cache import SnapshotFileError, load_slot_file
+
+        try:
+            return load_slot_file(self.engine, self.engine.slots[0], path)
+        except (SnapshotFileError, OSError) as e:
+            self.notices.append(f"ignored the saved KV cache {path.name} ({e}); the next turn prefills the "
+                                "conversation")
+            return 0
 
     def load(self, path: str | os.PathLike) -> int:
         """Replace the conversation with one saved by ``save`` (or a plain list of messages).
@@ -295,4 +324,10 @@ class ChatSession:
                 thinking = next((m[k] for k in ("thinking", "reasoning_content") if isinstance(m.get(k), str)), None)
                 msgs.append(ChatMessage(m["role"], m["content"], thinking=thinking or None))
         self.messages, self.system = msgs, system
+        self.kv_restored_tokens = self._load_kv(kv_path(p))
         return len(msgs)
+
+
+def kv_path(path: Path) -> Path:
+    """Where ``/save FILE`` keeps the conversation's KV snapshot: ``FILE.kv``, next to it."""
+    return path.with_name(path.name + ".kv")
