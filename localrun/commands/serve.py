@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -132,6 +133,12 @@ def register(app: typer.Typer) -> None:
             help="At most this many models loaded at once (idle ones are unloaded, least recently used first)."),
         load_timeout: float = typer.Option(120.0, "--load-timeout", min=0.0,
             help="Seconds a request waits for memory held by busy models before a 503."),
+        cache_ram: str = typer.Option("1GiB", "--cache-ram",
+                                      help="Host RAM for KV-cache snapshots of reused slots, per model (0: off)."),
+        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
+                                                 help="Folder for the disk tier of KV snapshots (kept across "
+                                                      "restarts; one subfolder per model)."),
+        cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Disk budget of --cache-dir, per model."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
@@ -160,10 +167,12 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"unknown --log-level {log_level!r}", hint="use debug, info, warning or error")
         max_body_bytes = parse_max_body(max_body)
         residency = parse_residency(keep_alive, max_memory, max_vram, max_models, pin, load_timeout)
+        kv_tiers = parse_kv_tiers(cache_ram, cache_dir, cache_disk)
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
-        run_server(settings, models=list(model or []), residency=residency, parallel=parallel, ctx=ctx,
+        run_server(settings, models=list(model or []), residency=residency, kv_tiers=kv_tiers, parallel=parallel,
+                   ctx=ctx,
                    max_queue=max_queue, backend=backend,
                    max_body_bytes=max_body_bytes,
                    kv_type=kv_type, flash_attn=flash_attn,
@@ -199,11 +208,27 @@ def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str
             "max_models": max_models, "load_wait_s": load_timeout_s}
 
 
+def parse_kv_tiers(cache_ram: str, cache_dir: Path | None, cache_disk: str) -> dict | None:
+    """--cache-ram/--cache-dir/--cache-disk → ``kv_cache.attach_kv_cache`` keywords, None when both tiers are
+    off. Raises ConfigError naming the flag."""
+    from localrun.units import parse_bytes
+
+    def size(text: str, flag: str) -> int:
+        return 0 if text.strip() in ("0", "off") else parse_bytes(text, flag=flag)
+
+    ram = size(cache_ram, "--cache-ram")
+    disk = size(cache_disk, "--cache-disk") if cache_dir is not None else 0
+    if not ram and not disk:
+        return None
+    return {"ram_bytes": ram, "disk_dir": cache_dir, "disk_bytes": disk}
+
+
 def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = None, backend: str | None = None,
                   kv_type: str | None = None, flash_attn: bool | None = None, threads: int | None = None,
                   force: bool = False, keep_alive_s: float | None = None, keep_alive_by_model: dict | None = None,
                   pins: tuple = (), max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
-                  max_models: int | None = None, load_wait_s: float = 120.0, hardware=None):
+                  max_models: int | None = None, load_wait_s: float = 120.0, hardware=None,
+                  kv_tiers: dict | None = None):
     """The server's ``ModelRegistry``: the machine probed once (``hardware``, default: now), its free memory
     capped by ``max_ram_bytes``/``max_vram_bytes`` as the budget every model is planned against."""
     from localrun.machine.hardware import probe_hardware
@@ -214,6 +239,7 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
                                  max_vram_bytes=max_vram_bytes, max_models=max_models)
     loader = PlannerLoader(settings, hw, backend=backend, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
                            flash_attn=flash_attn, n_threads=threads, force=force)
+    loader.kv_tiers = kv_tiers
     return ModelRegistry(settings, options, ServerMetrics(), loader=loader, budget=budget,
                          keep_alive_s=DEFAULT_KEEP_ALIVE_S if keep_alive_s is None else keep_alive_s,
                          keep_alive_by_model=keep_alive_by_model, pins=pins, load_wait_s=load_wait_s)
@@ -241,7 +267,8 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                cors_origins, log_prompts, log_level, backend: str | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
-               stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None) -> None:
+               stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
+               kv_tiers: dict | None = None) -> None:
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -258,7 +285,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     options.reasoning_budget = reasoning_budget
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
-                        flash_attn=flash_attn, threads=threads, force=force, **residency)
+                        flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, **residency)
     pins = list(residency.get("pins") or ())
     if chat_template:
         from localrun.store.resolve import resolve_model
