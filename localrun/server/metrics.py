@@ -8,6 +8,8 @@ know which model it drives. Counters are updated from scheduler threads and the 
 histograms, ``_bytes`` gauges.
 
 Per model: requests, tokens, TTFT / inter-token latency, queue depth, active sequences, KV cells, prefix cache;
+KV-cache tiers (``backends/kv_cache.py``, read at scrape time): snapshot hits per tier (``ram``, ``disk``),
+misses, bytes held per tier, restore seconds, corrupt files dropped;
 residency: loads, unloads (by reason), evictions, load (cold start) seconds, resident bytes per tier
 (``vram``, ``ram``: the planner's numbers for the loaded plan).
 """
@@ -59,6 +61,8 @@ class ServerMetrics:
         self.resident_bytes = Gauge("localrun_model_resident_bytes", "Memory a resident model holds by the "
                                     "planner, per tier (vram, ram)", m + ["tier"], registry=r)
         self.models_loaded = Gauge("localrun_models_loaded", "Resident models", registry=r)
+        self.kv_caches: dict[str, object] = {}  # model → backends.kv_cache.KVCache (ModelMetrics.watch_kv_cache)
+        r.register(_KVTierCollector(self.kv_caches))
 
     def for_model(self, model: str, n_parallel: int, kv_cells_total: int) -> "ModelMetrics":
         """The view one model's scheduler updates (its gauges start at 0)."""
@@ -108,8 +112,14 @@ class ModelMetrics:
         self._cached += cached_tokens
         self.hit_rate.set(self._cached / self._prompt if self._prompt else 0.0)
 
+    def watch_kv_cache(self, cache) -> None:
+        """Report ``cache`` (a ``KVCache``, or None: no tiers) as this model's KV-tier series."""
+        if cache is not None:
+            self.parent.kv_caches[self.model] = cache
+
     def drop_gauges(self) -> None:
         """The model was unloaded: its gauges leave /metrics (its counters stay: they are history)."""
+        self.parent.kv_caches.pop(self.model, None)
         for name in self._GAUGES:
             try:
                 getattr(self.parent, name).remove(self.model)
@@ -123,3 +133,40 @@ class ModelMetrics:
 
     def render(self) -> bytes:
         return self.parent.render()
+
+
+class _KVTierCollector:
+    """The KV-tier series, read from each model's ``KVCache.stats`` when /metrics is scraped."""
+
+    def __init__(self, caches: dict) -> None:
+        self.caches = caches
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        hits = CounterMetricFamily("localrun_kv_tier_hits", "Prompts that restored a KV snapshot, per tier",
+                                   labels=["model", "tier"])
+        misses = CounterMetricFamily("localrun_kv_tier_misses", "Prompts no KV snapshot (nor the slot) reused",
+                                     labels=["model"])
+        restore = CounterMetricFamily("localrun_kv_tier_restore_seconds", "Time spent restoring KV snapshots",
+                                      labels=["model"])
+        restored = CounterMetricFamily("localrun_kv_tier_restored_tokens", "Prompt tokens restored from snapshots",
+                                       labels=["model"])
+        corrupt = CounterMetricFamily("localrun_kv_tier_corrupt_files", "Disk snapshots ignored and deleted "
+                                      "(corrupt, truncated, another model's)", labels=["model"])
+        size = GaugeMetricFamily("localrun_kv_tier_bytes", "Bytes of KV snapshots held, per tier",
+                                 labels=["model", "tier"])
+        for model, cache in list(self.caches.items()):
+            st = cache.stats
+            hits.add_metric([model, "ram"], st.hits_ram)
+            hits.add_metric([model, "disk"], st.hits_disk)
+            misses.add_metric([model], st.misses)
+            restore.add_metric([model], st.restore_s)
+            restored.add_metric([model], st.restored_tokens)
+            corrupt.add_metric([model], st.corrupt_files)
+            size.add_metric([model, "ram"], cache.ram_used_bytes)
+            size.add_metric([model, "disk"], cache.disk_used_bytes)
+        return [hits, misses, restore, restored, corrupt, size]

@@ -585,6 +585,7 @@ class ModelRegistry:
             factory = no_embeddings
         mid = opts.model_id or Path(engine.model_path).name.removesuffix(".gguf")
         view = self.metrics.for_model(mid, engine.n_parallel, engine.n_ctx * engine.n_parallel)
+        view.watch_kv_cache(engine.kv_cache if engine.backend == "llamacpp" else None)  # --cache-ram/--cache-dir
         return ServerState(engine, self.settings, replace(opts, model_id=mid), view, factory, reader=self.reader)
 
     def _on_loaded(self, r: Resident) -> None:
@@ -641,6 +642,7 @@ class PlannerLoader:
         self.n_threads = n_threads
         self.force = force
         self.templates: dict[str, str] = {}  # path_key → --chat-template (by name or file)
+        self.kv_tiers: dict | None = None  # --cache-ram/--cache-dir/--cache-disk: kv_cache.attach_kv_cache keywords
 
     def set_template(self, model_path, template: str) -> None:
         """Load the model at ``model_path`` with ``template`` (``--chat-template``) instead of its own."""
@@ -672,7 +674,12 @@ class PlannerLoader:
     def load(self, planned: Planned):
         from localrun.loading import load_planned
 
-        return load_planned(planned.prepared).engine
+        engine = load_planned(planned.prepared).engine
+        if self.kv_tiers and engine.backend == "llamacpp":
+            from localrun.backends.kv_cache import attach_kv_cache
+
+            attach_kv_cache(engine, **self.kv_tiers)
+        return engine
 
 
 def budget_hardware(hw, *, max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
