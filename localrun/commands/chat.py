@@ -81,6 +81,9 @@ def register(app: typer.Typer) -> None:
                                                   help="A small model with the same vocabulary (--spec)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
                                                 help="Drafted tokens per verify step at most (default 8)."),
+        resume: Optional[Path] = typer.Option(None, "--resume", metavar="FILE",
+            help="Continue the conversation saved in FILE (/save FILE: messages and KV cache, so no prefill) "
+                 "and save it back there on exit; a FILE not there yet starts it."),
         hide_thinking: bool = typer.Option(False, "--hide-thinking",
             help="Do not show the thinking (only how long it took); -p never writes it to stdout."),
     ) -> None:
@@ -123,13 +126,41 @@ def register(app: typer.Typer) -> None:
             sys_prompt = DEFAULT_SYSTEM_PROMPT if system is None else (system or None)
             session = ChatSession(engine, params, system=sys_prompt, context_policy=context_policy,
                                   think=think, reasoning_budget=reasoning_budget)
-            if not interactive:
-                text = prompt if prompt is not None else sys.stdin.read()
-                _one_shot(session, text, raw, verbose, loaded, hide_thinking=hide_thinking)
-                return
-            Repl(session, loaded, raw=raw, hide_thinking=hide_thinking).run()
+            if resume is not None:
+                _resume(session, resume, raw, err)
+            try:
+                if not interactive:
+                    text = prompt if prompt is not None else sys.stdin.read()
+                    _one_shot(session, text, raw, verbose, loaded, hide_thinking=hide_thinking)
+                    return
+                Repl(session, loaded, raw=raw, hide_thinking=hide_thinking).run()
+            finally:
+                if resume is not None and session.messages:
+                    session.save(resume)  # messages and the KV cache (FILE.kv)
+                    err.print(f"saved the conversation to {resume}", style="dim")
         finally:
             engine.close()
+
+
+def _resume(session, path: Path, raw: bool, err) -> None:
+    """--resume FILE: load FILE's messages and KV cache when it exists. Raises ConfigError (--raw, a folder
+    that does not exist, a file that is not a saved chat)."""
+    from localrun.errors import ConfigError
+
+    if raw:
+        raise ConfigError("--resume continues a chat; --raw completions have no conversation",
+                          hint="drop --raw, or --resume")
+    path = path.expanduser()
+    if not path.parent.is_dir():
+        raise ConfigError(f"cannot resume {path}: the folder {path.parent} does not exist",
+                          hint="create it first, or give another path")
+    if not path.exists():
+        return
+    n = session.load(path)
+    kv = f" and {session.kv_restored_tokens} tokens of KV cache" if session.kv_restored_tokens else ""
+    err.print(f"resumed {n} messages{kv} from {path}", style="dim")
+    for note in session.notices:
+        err.print(note, style="yellow")
 
 
 def _constraint(schema_file: Optional[Path], regex: Optional[str]):
