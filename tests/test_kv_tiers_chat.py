@@ -53,3 +53,29 @@ def test_save_then_load_in_a_new_process_prefills_only_the_new_turn(isolated_hom
         child.close(force=True)
     assert restored > first_prompt and n_cached == restored
     assert 0 < n_prompt - n_cached <= 16  # the new user turn and the assistant header, nothing older
+
+
+def test_resume_continues_a_saved_conversation_without_prefill(isolated_home, tmp_path):
+    """`localrun chat --resume FILE -p ...` twice: the first starts FILE, the second continues it from
+    FILE.kv (stats: only the new turn is evaluated) and saves it back (4 messages)."""
+    import json
+    import re
+    import subprocess
+
+    env = dict(os.environ, LOCALRUN_HOME=str(isolated_home))
+    saved = tmp_path / "talk.json"
+
+    def ask(text):
+        r = subprocess.run([sys.executable, "-m", "localrun", "chat", "--temp", "0", "-n", "8", "-v",
+                            "--resume", str(saved), "-p", text], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stderr
+
+    ask(f"Remember this list. {LIST} Which items are red?")
+    assert len(json.loads(saved.read_text())["messages"]) == 2 and saved.with_name("talk.json.kv").is_file()
+    err = ask("And blue?")
+    restored = int(re.search(r"resumed 2 messages and (\d+) tokens of KV cache", err).group(1))
+    n_prompt, n_cached = map(int, re.search(r"prompt (\d+) tok \((\d+) cached\)", err).groups())
+    assert n_cached == restored and 0 < n_prompt - n_cached <= 16
+    assert len(json.loads(saved.read_text())["messages"]) == 4
