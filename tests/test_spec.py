@@ -115,13 +115,20 @@ def test_stop_string_and_grammar_same_with_speculation(target, draft_pair):
 def test_logprobs_per_token_with_speculation(target):
     prompt = _prompt(target, EDIT)
     p = SamplingParams(temperature=0, max_tokens=30, logprobs=2)
+
+    def logprobs():
+        gen = target.start(prompt, p, target.slots[0])
+        out = []
+        while not gen.done:
+            for _, c in target.step([gen]):
+                out += [(x.token_id, round(x.logprob, 4), x.top_ids) for x in c.logprobs or []]
+        target.release(gen, keep_kv=False)  # no prefix reuse: the next run prefills the same way
+        return out
+
     _set(target, "off")
-    gen = target.generate(prompt, p)
-    plain = [c.logprobs for c in gen if c.logprobs]
+    plain = logprobs()
     _set(target, "ngram", adaptive=False)
-    spec = [c.logprobs for c in target.generate(prompt, p) if c.logprobs]
-    assert [[(x.token_id, round(x.logprob, 4), x.top_ids) for x in lp] for lp in spec] == \
-        [[(x.token_id, round(x.logprob, 4), x.top_ids) for x in lp] for lp in plain]
+    assert logprobs() == plain and len(plain) == 30
 
 
 # chi-square critical values at p = 0.001 by degrees of freedom (any statistics table)
@@ -131,7 +138,7 @@ CHI2_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32
 def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
     """Leviathan et al.'s rule: the token a verify step emits is distributed as the target's own. The first
     generated token comes from the prefill (plain sampling); the second from the verify step (the draft
-    sampled from q, accepted with min(1, p/q), else resampled from max(0, p - q)). Over 600 seeds, the
+    sampled from q, accepted with min(1, p/q), else resampled from max(0, p - q)). Over 400 seeds, the
     second token of the runs whose first token is the likeliest one, against p (the target's top-k
     distribution after that token, from its logprobs) by chi-square at p = 0.001."""
     import numpy as np
@@ -148,7 +155,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
     _set(target, "draft", draft_pair[1], adaptive=False, draft_max=1)
     counts = dict.fromkeys(ids, 0)
     drafted = accepted = used = 0
-    for seed in range(600):
+    for seed in range(400):
         params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, seed=seed, max_tokens=2)
         gen = target.start(prompt, params, target.slots[0])
         toks = []
@@ -161,7 +168,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
         drafted += gen.spec.draft_tokens
         accepted += gen.spec.accepted_tokens
         counts[toks[1]] = counts.get(toks[1], 0) + 1
-    assert used >= 200
+    assert used >= 150
     assert drafted == used and 0 < accepted < used  # every measured token went through the rule, both branches
     obs = np.array([counts[t] for t in ids], dtype=float)
     assert obs.sum() == used  # nothing outside the target's top-k

@@ -226,7 +226,9 @@ class Speculation:
             else:
                 sp.acceptance.forget()
                 lengths.append(max(0, k_room))
-        if self.adaptive:
+        if self.adaptive and len(gens) not in self.cost.plain:
+            k = 0  # measure a plain step of this many sequences first: the yardstick of every verify step
+        elif self.adaptive:
             k = choose_k([g.spec.acceptance.alpha for g in gens], lengths, max(0, k_room), self.cost,
                          draft=self.draft is not None)
         else:
