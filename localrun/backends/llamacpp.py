@@ -277,6 +277,13 @@ class LlamaCppEngine:
                                   add_generation_prompt=add_generation_prompt, tools=tools,
                                   parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)
 
+    @property
+    def eog_ids(self) -> tuple[int, ...]:
+        """The vocabulary's end-of-generation token ids (computed once)."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if self.C.llama_vocab_is_eog(self.vocab, t))
+        return self._eog
+
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams, history: Sequence[int] = ()):
         """llama.cpp sampler chain for ``p``, its penalties primed with ``history`` (the prompt's tokens;
@@ -564,7 +571,7 @@ class LlamaCppEngine:
         row = np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
         np.copyto(row, -np.inf, where=~allowed)
 
-    def _row(self, idx: int):
+    def logits_row(self, idx: int):
         """Logits row ``idx`` of the last decode: a float32 ``[n_vocab]`` view of llama.cpp's buffer."""
         import numpy as np
 

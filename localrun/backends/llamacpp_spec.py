@@ -257,7 +257,7 @@ class Speculation:
                 p = g.params
                 bias = dict(p.logit_bias)
                 if p.ignore_eos:
-                    bias.update((t, float("-inf")) for t in (eng._eog or ()))
+                    bias.update((t, float("-inf")) for t in eng.eog_ids)
                 rng = _rng(g)
 
                 def pick(row, p=p, bias=bias, rng=rng):
@@ -290,8 +290,8 @@ class Speculation:
             p_ = g.params
             bias = dict(p_.logit_bias)
             if p_.ignore_eos:
-                bias.update((t, float("-inf")) for t in (eng._eog or ()))
-            p = target_probs(eng._row(idx), temperature=p_.temperature, top_k=p_.top_k, top_p=p_.top_p,
+                bias.update((t, float("-inf")) for t in eng.eog_ids)
+            p = target_probs(eng.logits_row(idx), temperature=p_.temperature, top_k=p_.top_k, top_p=p_.top_p,
                              min_p=p_.min_p, logit_bias=bias)
             rng = _rng(g)
             if m < sp.real:
