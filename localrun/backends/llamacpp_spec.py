@@ -191,7 +191,8 @@ class Speculation:
         self.mode = mode
         self.draft_max = max(0, int(draft_max))
         self.draft = draft if mode in ("auto", "draft") else None
-        self.cost = StepCost()
+        # a drafted token costs little where decode is memory-bound (a GPU), about half a step on a CPU
+        self.cost = StepCost(prior_extra=0.15 if engine.plan.n_gpu_layers != 0 else 0.5)
         self.t_step = 0.0
         self.adaptive = True  # False: always draft as much as there is room for (tests, fixed-length benches)
         self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
