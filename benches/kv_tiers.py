@@ -79,8 +79,10 @@ def one_round(path: Path, r: int, args, folder: Path) -> dict:
             ttft(eng, other)  # the slot is reused: its KV is saved to the RAM tier
             if tier == "disk":
                 eng.kv_cache.spill_all()
+            before = eng.kv_cache.stats.restore_s
             out[tier], cached = ttft(eng, resume)
             out[tier + "_cached"] = cached
+            out[tier + "_restore"] = eng.kv_cache.stats.restore_s - before
         resume = next_turn(eng, eng.slots[0].tokens, 3)
         hits = (eng.kv_cache.stats.hits_ram, eng.kv_cache.stats.hits_disk)
     finally:
@@ -88,6 +90,7 @@ def one_round(path: Path, r: int, args, folder: Path) -> dict:
     eng = load(path, args.tokens + 512, args.threads, folder)
     try:
         out["restart"], out["restart_cached"] = ttft(eng, resume)
+        out["restart_restore"] = eng.kv_cache.stats.restore_s
         out["hits"] = (hits[0], hits[1] + eng.kv_cache.stats.hits_disk)
         out["n_prompt"] = len(resume)
     finally:
@@ -111,7 +114,9 @@ def main() -> None:
             print(f"round {r}: prompt {row['n_prompt']} tokens; TTFT cold {row['cold']:.3f} s, "
                   f"RAM {row['ram']:.3f} s ({row['ram_cached']} cached), disk {row['disk']:.3f} s "
                   f"({row['disk_cached']} cached), after restart {row['restart']:.3f} s "
-                  f"({row['restart_cached']} cached); hits ram/disk {row['hits']}", flush=True)
+                  f"({row['restart_cached']} cached); hits ram/disk {row['hits']}; of which restoring the "
+                  f"snapshot: RAM {row['ram_restore']:.3f} s, disk {row['disk_restore']:.3f} s, after restart "
+                  f"{row['restart_restore']:.3f} s (the rest: prefilling the new turn)", flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in ("cold", "ram", "disk", "restart")}
     print(f"{path.name}, ~{args.tokens}-token conversation, {args.rounds} round(s), median TTFT:")
     for k in ("ram", "disk", "restart"):
