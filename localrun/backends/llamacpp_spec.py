@@ -196,6 +196,8 @@ class Speculation:
         self.t_step = 0.0
         self.adaptive = True  # False: always draft as much as there is room for (tests, fixed-length benches)
         self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
+        self.since_verify = 0  # decode steps since the last verify step
+        self.probe_every = 64  # plain steps with drafts on offer before a verify step is tried anyway
 
     def begin(self, prompt: Sequence[int], params) -> SeqSpec:
         if self.draft is not None:
@@ -234,6 +236,10 @@ class Speculation:
                          draft=self.draft is not None)
         else:
             k = max(0, k_room) if any(lengths) else 0
+        self.since_verify = 0 if k else self.since_verify + 1
+        if self.adaptive and k == 0 and any(lengths) and self.since_verify >= self.probe_every:
+            # a probe: a cost measured once under load (or a stale acceptance) must not keep speculation off
+            k, self.since_verify = min(max(lengths), max(0, k_room), 2), 0
         if k == 0:
             for g in gens:
                 g.spec.shadow, g.spec.draft, g.spec.real = g.spec.draft, [], 0
