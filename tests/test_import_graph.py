@@ -194,5 +194,47 @@ def report() -> str:
     return "\n".join(lines)
 
 
+def private_reach_ins() -> list[str]:
+    """``x._name`` where ``_name`` is a private attribute or method that another localrun module defines
+    (``self._name = …``, or ``def _name`` / ``_name = …`` in a class body) and this module does not, and
+    ``from localrun.m import _name``: each one a seam read from outside (issue 12: the engine contract is
+    public; nothing reaches into another module's underscore names)."""
+    defined: dict[str, set[str]] = {}
+    trees = {mod: ast.parse(path.read_text()) for mod, path in modules().items()}
+    for mod, tree in trees.items():
+        names = defined.setdefault(mod, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+                    and isinstance(node.ctx, ast.Store) and _private(node.attr):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                        names.add(item.name)
+                    elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                        targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                        names.update(t.id for t in targets if isinstance(t, ast.Name) and _private(t.id))
+    found = []
+    for mod, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("localrun"):
+                found += [f"{mod}: from {node.module} import {a.name}" for a in node.names if _private(a.name)]
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in defined[mod]:
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                owners = sorted(m for m, names in defined.items() if node.attr in names and m != mod)
+                if owners:
+                    found.append(f"{mod}:{node.lineno}: .{node.attr} (defined in {', '.join(owners)})")
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    assert private_reach_ins() == []
+
+
 if __name__ == "__main__":
     print(report())
