@@ -168,7 +168,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
         drafted += gen.spec.draft_tokens
         accepted += gen.spec.accepted_tokens
         counts[toks[1]] = counts.get(toks[1], 0) + 1
-    assert used >= 150
+    assert used >= 100  # 143 of 400 here: the likeliest first token has p ≈ 0.36
     assert drafted == used and 0 < accepted < used  # every measured token went through the rule, both branches
     obs = np.array([counts[t] for t in ids], dtype=float)
     assert obs.sum() == used  # nothing outside the target's top-k
