@@ -206,3 +206,21 @@ def parse_labels(labels: str) -> dict[str, str]:
     import re
 
     return dict(re.findall(r'(\w+)="([^"]*)"', labels))
+
+
+def mlx_smollm_engine(smollm_path, tmp_path_factory, *, n_ctx: int = 1024, chat_template: str | None = None):
+    """Generator for a fixture: SmolLM2's GGUF loaded on the MLX backend (its own LOCALRUN_HOME for the
+    converted weights), closed when the fixture ends. Use as ``yield from mlx_smollm_engine(...)``."""
+    import pytest
+
+    from localrun.backends import load_engine
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALRUN_HOME", str(tmp_path_factory.mktemp("mlx_home")))
+        plan = simple_plan(read_gguf(smollm_path), n_ctx=n_ctx)
+        plan.backend = "mlx"
+        eng = load_engine(smollm_path, plan, chat_template=chat_template)
+        yield eng
+        eng.close()

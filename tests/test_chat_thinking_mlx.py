@@ -5,6 +5,7 @@ gets an answer, and no tag reaches the answer."""
 from __future__ import annotations
 
 import pytest
+from helpers import mlx_smollm_engine
 
 pytestmark = pytest.mark.model
 
@@ -19,17 +20,7 @@ from localrun.chat.session import ChatSession  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mlx_qwq(smollm_path, tmp_path_factory):
-    from localrun.backends import load_engine
-    from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import simple_plan
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALRUN_HOME", str(tmp_path_factory.mktemp("mlx_home")))
-        plan = simple_plan(read_gguf(smollm_path), n_ctx=1024)
-        plan.backend = "mlx"
-        eng = load_engine(smollm_path, plan, chat_template=QWQ.read_text())
-        yield eng
-        eng.close()
+    yield from mlx_smollm_engine(smollm_path, tmp_path_factory, chat_template=QWQ.read_text())
 
 
 def test_budget_and_ending_the_thinking_on_mlx(mlx_qwq):

@@ -8,6 +8,7 @@ import json
 
 import jsonschema
 import pytest
+from helpers import mlx_smollm_engine
 
 pytestmark = pytest.mark.model
 
@@ -21,17 +22,7 @@ from localrun.backends.base import Constraint, Message, SamplingParams  # noqa: 
 
 @pytest.fixture(scope="module")
 def mlx_smollm(smollm_path, tmp_path_factory):
-    from localrun.backends import load_engine
-    from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import simple_plan
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALRUN_HOME", str(tmp_path_factory.mktemp("mlx_home")))
-        plan = simple_plan(read_gguf(smollm_path), n_ctx=1024)
-        plan.backend = "mlx"
-        eng = load_engine(smollm_path, plan)
-        yield eng
-        eng.close()
+    yield from mlx_smollm_engine(smollm_path, tmp_path_factory)
 
 
 def _chat(eng, params: SamplingParams) -> tuple[str, str]:

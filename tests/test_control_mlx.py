@@ -5,6 +5,7 @@ tests/test_control.py runs on llama.cpp (design13 §2)."""
 from __future__ import annotations
 
 import pytest
+from helpers import mlx_smollm_engine
 
 pytestmark = pytest.mark.model
 
@@ -26,17 +27,7 @@ from localrun.backends.base import Constraint, SamplingParams  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mlx_engine(smollm_path, tmp_path_factory):
-    from localrun.backends import load_engine
-    from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import simple_plan
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALRUN_HOME", str(tmp_path_factory.mktemp("mlx_home")))
-        plan = simple_plan(read_gguf(smollm_path), n_ctx=1024)
-        plan.backend = "mlx"
-        eng = load_engine(smollm_path, plan)
-        yield eng
-        eng.close()
+    yield from mlx_smollm_engine(smollm_path, tmp_path_factory)
 
 
 def test_budget_closes_thinking_on_mlx(mlx_engine):

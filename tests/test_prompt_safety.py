@@ -12,6 +12,7 @@ ChatML prompt ends at the model's end-of-turn token.
 from __future__ import annotations
 
 import pytest
+from helpers import mlx_smollm_engine
 
 from localrun.backends.base import Message, SamplingParams
 from localrun.errors import ChatTemplateError
@@ -84,17 +85,7 @@ def gemma_engine(gemma_path):
 def mlx_smollm(smollm_path, tmp_path_factory):
     pytest.importorskip("mlx.core")
     pytest.importorskip("mlx_lm")
-    from localrun.backends import load_engine
-    from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import simple_plan
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALRUN_HOME", str(tmp_path_factory.mktemp("mlx_home")))
-        plan = simple_plan(read_gguf(smollm_path), n_ctx=1024)
-        plan.backend = "mlx"
-        eng = load_engine(smollm_path, plan)
-        yield eng
-        eng.close()
+    yield from mlx_smollm_engine(smollm_path, tmp_path_factory)
 
 
 @pytest.fixture(params=["llamacpp-smollm", "llamacpp-gemma", "mlx-smollm"])
