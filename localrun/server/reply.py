@@ -126,7 +126,7 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
     thinking = t is not None and (think is not False or not t.toggle_kwarg)
     if thinking and choice is None:
         _budget_fields(params, family, think=think, level=level, budget=budget,
-                       default_budget=getattr(st.options, "reasoning_budget", None))
+                       default_budget=st.options.reasoning_budget)
     if family.name == "gpt-oss":
         params.render_special = True  # the channel markers are the reply's structure
     if choice is not None:
