@@ -205,3 +205,91 @@ def row_split_gpu_s(gpu_bytes_per_token: float, shares: list[float], bandwidths_
     total = sum(shares) or 1.0
     read = max((gpu_bytes_per_token * s / total) / (bw * 1e9) for s, bw in zip(shares, bandwidths_gbps))
     return read + n_layers * ROW_MATMULS_PER_LAYER * ROW_SYNC_S
+
+
+def gpu_list_of(hw, gpu_indices: tuple[int, ...] | None) -> list:
+    """The devices a plan uses, in llama.cpp's order (RPC devices first, src/llama.cpp): ``gpu_indices``
+    of ``hw.gpus``, else all of them (Apple's single unified GPU alone)."""
+    if hw is None or not hw.gpus:
+        return []
+    if gpu_indices is not None:
+        return [hw.gpus[i] for i in gpu_indices]
+    if any(g.unified for g in hw.gpus):
+        return [next(g for g in hw.gpus if g.unified)]
+    return [g for g in hw.gpus if g.backend == "rpc"] + [g for g in hw.gpus if g.backend != "rpc"]
+
+
+def place_model(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe, *, margin: float):
+    """``place`` for a plan: the per-layer compute buffer from the full one, CUDA's context per device."""
+    from localrun.offload import memory as M
+
+    layer_compute = layer_compute_bytes(spec, kv.n_ctx_seq, n_ubatch=n_ubatch, flash_attn=fa)
+    return place(spec, kv, gpu_list, ngl, compute_full=compute, compute_layer=min(layer_compute, compute),
+                   offload_kqv=offload_kqv, n_cpu_moe=n_cpu_moe, margin=margin,
+                   cuda_overhead_bytes=M.CUDA_CONTEXT_VRAM_BYTES)
+
+
+def split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers):
+    """Replace the one "gpu" tier by one tier per device: each reads its own layers' weights and KV at its
+    own bandwidth (``speed.weights_read_per_token`` on that device's layers)."""
+    from localrun.offload import speed as S
+
+    for table in (bytes_tier, params_tier, tiers):
+        table.pop("gpu", None)
+    for d in devices:
+        if not d.n_slots:
+            continue
+        key = f"gpu{d.index}"
+        rd = S.weights_read_per_token(spec, d.layers, d.output, n_cpu_moe)
+        tiers[key] = S.gpu_tier(gpu_list[d.index])
+        bytes_tier[key] = rd["gpu"] + (kv_read_gpu * d.kv_bytes / kv_gpu if kv_gpu else 0.0)
+        params_tier[key] = rd["gpu_params"]
+
+
+def row_split_decode(devices, gpu_list, bytes_tier, tiers, decode_layer: float, tsplit) -> tuple[float, str] | None:
+    """(decode tok/s, reason) when a row split pays (``devices.ROW_MIN_GAIN`` faster decode, all local CUDA
+    GPUs), else None. The KV cache and the memory per device are those of the layer split (in this
+    llama.cpp a layer's KV and norms still go to its layer's device; only matrices are cut by rows)."""
+
+    used = [d for d in devices if d.n_slots]
+    if len(used) < 2 or decode_layer <= 0 or any(gpu_list[d.index].backend != "cuda" for d in used):
+        return None
+    keys = [f"gpu{d.index}" for d in used]
+    gpu_bytes = sum(bytes_tier.get(k, 0.0) for k in keys)
+    layer_gpu_s = sum(bytes_tier.get(k, 0.0) / (tiers[k].bandwidth_gbps * 1e9) for k in keys)
+    row_gpu_s = row_split_gpu_s(gpu_bytes, [tsplit[d.index] for d in used], [tiers[k].bandwidth_gbps for k in keys],
+                                  sum(len(d.layers) for d in used))
+    other_s = 1.0 / decode_layer - layer_gpu_s  # CPU layers and the hops stay
+    row = 1.0 / (other_s + row_gpu_s)
+    if row < decode_layer * ROW_MIN_GAIN:
+        return None
+    return row, (f"split_mode row: the GPUs read their shares of every matrix at once, ≈ {row:.1f} tok/s decode "
+                 f"vs {decode_layer:.1f} by layer, worth the per-matmul synchronisation on cards this slow "
+                 "(prefill gains nothing from it)")
+
+
+def hops_along(path: list) -> list:
+    """The links a token crosses along ``path`` (None = this host's CPU, where llama.cpp keeps the token
+    embeddings, then the used devices in order): an RPC device's link when either side is remote, PCIe
+    between two local GPUs. The CPU → local GPU copy is left out, as in the one-GPU speed model."""
+    from localrun.offload import links as L
+
+    out = []
+    for a, b in zip(path, path[1:]):
+        remote = next((g for g in (a, b) if g is not None and g.backend == "rpc"), None)
+        if remote is not None:
+            out.append(rpc_link(remote))
+        elif a is not None:
+            out.append(L.PCIE)
+    return out
+
+
+def rpc_link(remote):
+    """An RPC device's link: ``GpuInfo.link`` (measured or ``--rpc-link``), else ``links.ETHERNET_1G``."""
+    from localrun.offload import links as L
+
+    lk = getattr(remote, "link", None)
+    if not lk:
+        return L.ETHERNET_1G
+    return L.Link(remote.endpoint or remote.name, float(lk["latency_s"]), float(lk["bandwidth_gbps"]),
+                  L.RPC_ROUND_TRIPS, lk.get("source", "measured"))

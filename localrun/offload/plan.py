@@ -149,6 +149,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     ``gpu_indices``: which of ``hw.gpus`` to use (one: llama.cpp split_mode "none" with that main_gpu);
     None = all of them (several: a layer split, ``offload/devices.py``; ``Plan.devices`` per device).
     """
+    from localrun.offload import devices as D
     from localrun.offload import memory as M
     from localrun.offload import speed as S
 
@@ -156,7 +157,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     if kv_type not in M.KV_TYPES:
         raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
     n_layer = spec.n_layer
-    gpu_list = _gpu_list(hw, gpu_indices) if n_gpu_layers != 0 else []
+    gpu_list = D.gpu_list_of(hw, gpu_indices) if n_gpu_layers != 0 else []
     gpu = gpu_list[0] if gpu_list else None
     ngl = n_gpu_layers if gpu is not None else 0
     ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
@@ -186,7 +187,8 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     vram_budget, ram_budget = _budgets(hw, gpu)
     devices, tsplit, row = [], None, None
     if len(gpu_list) > 1:
-        devices, tsplit = _place(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe)
+        devices, tsplit = D.place_model(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe,
+                                        margin=VRAM_MARGIN)
         vram, vram_budget = sum(d.total_bytes for d in devices), sum(d.budget_bytes for d in devices)
     ram_for_host = ram_budget - (vram if unified else 0)
     disk_backed = max(0, min(page_cache, anon + page_cache - ram_for_host))
@@ -209,21 +211,21 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
                   "disk": rd["cpu"] * frac_disk}
     params_tier = {"gpu": rd["gpu_params"], "cpu": rd["cpu_params"]}
     if devices:
-        _split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers)
+        D.split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers)
     decode = S.decode_tok_s(bytes_tier, tiers)
     prefill = S.prefill_tok_s(params_tier, tiers)
     used = [gpu_list[d.index] for d in devices if d.n_slots] if devices else gpu_list[:1]
     if len(used) > 1 or any(g.backend == "rpc" for g in used):
         from localrun.offload import links as L
 
-        hops = _hops([None, *used])
+        hops = D.hops_along([None, *used])
         extra_s = L.decode_hops_s(hops, spec.n_embd)
         if used[-1].backend == "rpc" and ws.output_on_gpu:  # the logits come back over the network
-            extra_s += L.hop_s(_link(used[-1]), spec.vocab_size * 4)
+            extra_s += L.hop_s(D.rpc_link(used[-1]), spec.vocab_size * 4)
         decode = L.with_hops(decode, extra_s)
         prefill = L.with_hops(prefill, L.prefill_hops_s_per_token(hops, spec.n_embd, n_ubatch))
     if devices:
-        row = _row_split(devices, gpu_list, bytes_tier, tiers, decode, tsplit)
+        row = D.row_split_decode(devices, gpu_list, bytes_tier, tiers, decode, tsplit)
     quant = spec.file_type
     plan = Plan(backend=backend, n_ctx=n_ctx_seq, n_parallel=n_parallel, kv_unified=kv_unified,
                 n_gpu_layers=(n_layer + 1 if ngl < 0 else ngl), n_batch=n_batch, n_ubatch=n_ubatch,
@@ -277,95 +279,6 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
             f"{_gib(spec.expected_file_bytes)}, {spec.file_bytes / spec.expected_file_bytes:.0%}): planned from its "
             "header; it cannot be loaded until the download completes (`localrun pull` resumes it)")
     return plan
-
-
-def _gpu_list(hw, gpu_indices: tuple[int, ...] | None) -> list:
-    """The devices a plan uses, in llama.cpp's order (RPC devices first, src/llama.cpp): ``gpu_indices``
-    of ``hw.gpus``, else all of them (Apple's single unified GPU alone)."""
-    if hw is None or not hw.gpus:
-        return []
-    if gpu_indices is not None:
-        return [hw.gpus[i] for i in gpu_indices]
-    if any(g.unified for g in hw.gpus):
-        return [next(g for g in hw.gpus if g.unified)]
-    return [g for g in hw.gpus if g.backend == "rpc"] + [g for g in hw.gpus if g.backend != "rpc"]
-
-
-def _place(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe):
-    from localrun.offload import devices as D
-    from localrun.offload import memory as M
-
-    layer_compute = D.layer_compute_bytes(spec, kv.n_ctx_seq, n_ubatch=n_ubatch, flash_attn=fa)
-    return D.place(spec, kv, gpu_list, ngl, compute_full=compute, compute_layer=min(layer_compute, compute),
-                   offload_kqv=offload_kqv, n_cpu_moe=n_cpu_moe, margin=VRAM_MARGIN,
-                   cuda_overhead_bytes=M.CUDA_CONTEXT_VRAM_BYTES)
-
-
-def _split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers):
-    """Replace the one "gpu" tier by one tier per device: each reads its own layers' weights and KV at its
-    own bandwidth (``speed.weights_read_per_token`` on that device's layers)."""
-    from localrun.offload import speed as S
-
-    for table in (bytes_tier, params_tier, tiers):
-        table.pop("gpu", None)
-    for d in devices:
-        if not d.n_slots:
-            continue
-        key = f"gpu{d.index}"
-        rd = S.weights_read_per_token(spec, d.layers, d.output, n_cpu_moe)
-        tiers[key] = S.gpu_tier(gpu_list[d.index])
-        bytes_tier[key] = rd["gpu"] + (kv_read_gpu * d.kv_bytes / kv_gpu if kv_gpu else 0.0)
-        params_tier[key] = rd["gpu_params"]
-
-
-def _row_split(devices, gpu_list, bytes_tier, tiers, decode_layer: float, tsplit) -> tuple[float, str] | None:
-    """(decode tok/s, reason) when a row split pays (``devices.ROW_MIN_GAIN`` faster decode, all local CUDA
-    GPUs), else None. The KV cache and the memory per device are those of the layer split (in this
-    llama.cpp a layer's KV and norms still go to its layer's device; only matrices are cut by rows)."""
-    from localrun.offload import devices as D
-
-    used = [d for d in devices if d.n_slots]
-    if len(used) < 2 or decode_layer <= 0 or any(gpu_list[d.index].backend != "cuda" for d in used):
-        return None
-    keys = [f"gpu{d.index}" for d in used]
-    gpu_bytes = sum(bytes_tier.get(k, 0.0) for k in keys)
-    layer_gpu_s = sum(bytes_tier.get(k, 0.0) / (tiers[k].bandwidth_gbps * 1e9) for k in keys)
-    row_gpu_s = D.row_split_gpu_s(gpu_bytes, [tsplit[d.index] for d in used], [tiers[k].bandwidth_gbps for k in keys],
-                                  sum(len(d.layers) for d in used))
-    other_s = 1.0 / decode_layer - layer_gpu_s  # CPU layers and the hops stay
-    row = 1.0 / (other_s + row_gpu_s)
-    if row < decode_layer * D.ROW_MIN_GAIN:
-        return None
-    return row, (f"split_mode row: the GPUs read their shares of every matrix at once, ≈ {row:.1f} tok/s decode "
-                 f"vs {decode_layer:.1f} by layer, worth the per-matmul synchronisation on cards this slow "
-                 "(prefill gains nothing from it)")
-
-
-def _hops(path: list) -> list:
-    """The links a token crosses along ``path`` (None = this host's CPU, where llama.cpp keeps the token
-    embeddings, then the used devices in order): an RPC device's link when either side is remote, PCIe
-    between two local GPUs. The CPU → local GPU copy is left out, as in the one-GPU speed model."""
-    from localrun.offload import links as L
-
-    out = []
-    for a, b in zip(path, path[1:]):
-        remote = next((g for g in (a, b) if g is not None and g.backend == "rpc"), None)
-        if remote is not None:
-            out.append(_link(remote))
-        elif a is not None:
-            out.append(L.PCIE)
-    return out
-
-
-def _link(remote):
-    """An RPC device's link: ``GpuInfo.link`` (measured or ``--rpc-link``), else ``links.ETHERNET_1G``."""
-    from localrun.offload import links as L
-
-    lk = getattr(remote, "link", None)
-    if not lk:
-        return L.ETHERNET_1G
-    return L.Link(remote.endpoint or remote.name, float(lk["latency_s"]), float(lk["bandwidth_gbps"]),
-                  L.RPC_ROUND_TRIPS, lk.get("source", "measured"))
 
 
 def _split_reason(plan: Plan, devices, n_layer: int) -> str:
@@ -628,9 +541,10 @@ def _one_card(spec, hw, kv_type: str, kw: dict) -> Plan | None:
     for every token, so two cards read the same bytes no faster than one, and add a PCIe hop per token,
     a CUDA context and a compute buffer per card (offload/devices.py); the other cards stay free. None
     when there is one GPU or no single card holds everything."""
+    from localrun.offload import devices as D
     from localrun.offload import speed as S
 
-    gpus = _gpu_list(hw, None)
+    gpus = D.gpu_list_of(hw, None)
     if len(gpus) < 2:
         return None
     local = [i for i, g in enumerate(hw.gpus) if g.backend != "rpc"]  # a worker joins only when needed
