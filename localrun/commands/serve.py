@@ -232,8 +232,9 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
     """The server's ``ModelRegistry``: the machine probed once (``hardware``, default: now), its free memory
     capped by ``max_ram_bytes``/``max_vram_bytes`` as the budget every model is planned against."""
     from localrun.machine.hardware import probe_hardware
+    from localrun.server.loader import PlannerLoader, budget_hardware
     from localrun.server.metrics import ServerMetrics
-    from localrun.server.models import DEFAULT_KEEP_ALIVE_S, ModelRegistry, PlannerLoader, budget_hardware
+    from localrun.server.models import DEFAULT_KEEP_ALIVE_S, ModelRegistry
 
     hw, budget = budget_hardware(hardware or probe_hardware(settings.models_dir), max_ram_bytes=max_ram_bytes,
                                  max_vram_bytes=max_vram_bytes, max_models=max_models)

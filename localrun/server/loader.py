@@ -1,0 +1,87 @@
+"""The server's ``Loader`` (``server.models.Loader``): what a model needs before it loads (the planner at the
+server's context and slots, on the machine as probed at start-up and capped by ``--max-memory`` /
+``--max-vram``), then the load itself. Split from ``server/models.py``, which keeps residency (which models
+stay loaded, eviction, keep-alive)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from localrun.server.models import Budget, Need, Planned, path_key
+
+log = logging.getLogger("localrun.server")
+
+
+class PlannerLoader:
+    """The server's ``Loader``: ``loading.plan_load`` for ``hardware`` (the machine as probed at start-up, its
+    free RAM and VRAM capped by ``--max-memory``/``--max-vram``) at the server's context and parallel slots,
+    then ``loading.load_planned``. ``templates``: a ``--chat-template`` per model key (start-up models)."""
+
+    def __init__(self, settings, hardware, *, backend: str | None = None, n_ctx: int | None = None,
+                 n_parallel: int = 1, kv_type: str | None = None, flash_attn: bool | None = None,
+                 n_threads: int | None = None, force: bool = False) -> None:
+        self.settings = settings
+        self.hardware = hardware
+        self.backend = backend or getattr(settings, "backend", None) or "llamacpp"
+        self.n_ctx = n_ctx
+        self.n_parallel = n_parallel
+        self.kv_type = kv_type
+        self.flash_attn = flash_attn
+        self.n_threads = n_threads
+        self.force = force
+        self.templates: dict[str, str] = {}  # path_key → --chat-template (by name or file)
+        self.kv_tiers: dict | None = None  # --cache-ram/--cache-dir/--cache-disk: kv_cache.attach_kv_cache keywords
+
+    def set_template(self, model_path, template: str) -> None:
+        """Load the model at ``model_path`` with ``template`` (``--chat-template``) instead of its own."""
+        self.templates[path_key(model_path)] = template
+
+    def plan(self, path: str) -> Planned:
+        from localrun.loading import plan_load
+
+        serial = self.backend not in ("llamacpp", "auto")
+        prep = plan_load(path, backend=self.backend, n_ctx=self.n_ctx, n_parallel=1 if serial else self.n_parallel,
+                         kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
+                         chat_template=self.templates.get(path), force=self.force,
+                         models_dir=self.settings.models_dir, hardware=self.hardware, warn=False)
+        plan, spec = prep.plan, prep.spec
+        hw = self.hardware.to_dict() if hasattr(self.hardware, "to_dict") else None
+        if spec is None:  # an MLX folder: its files are what it holds
+            size = sum(f.stat().st_size for f in Path(prep.path).glob("*.safetensors"))
+            return Planned(str(prep.path), Need(0, size), plan, True, [], hardware=hw, prepared=prep)
+        for w in plan.warnings:
+            log.warning("%s: %s", Path(prep.path).name, w)
+        gpu = bool(getattr(self.hardware, "gpus", None)) and plan.backend == "llamacpp"
+        asked = {"n_ctx": self.n_ctx or spec.n_ctx_train or plan.n_ctx, "n_gpu_layers": "all" if gpu else 0,
+                 "kv_type": self.kv_type or "f16"}
+        given = {"n_ctx": plan.n_ctx, "n_gpu_layers": "all" if gpu and plan.n_gpu_layers >= spec.n_layer
+                 else plan.n_gpu_layers, "kv_type": plan.kv_type}
+        return Planned(str(prep.path), Need(int(plan.vram_bytes), int(plan.ram_bytes)), plan,
+                       bool(plan.fits or self.force), list(plan.reasons), asked, given, hw, prep)
+
+    def load(self, planned: Planned):
+        from localrun.loading import load_planned
+
+        engine = load_planned(planned.prepared).engine
+        if self.kv_tiers and engine.backend == "llamacpp":
+            from localrun.backends.kv_cache import attach_kv_cache
+
+            attach_kv_cache(engine, **self.kv_tiers)
+        return engine
+
+
+def budget_hardware(hw, *, max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
+                    max_models: int | None = None):
+    """(the profile to plan with, the ``Budget``): the probed free RAM and GPU-0 VRAM, capped by
+    ``max_ram_bytes``/``max_vram_bytes``. Raises nothing."""
+    ram = hw.ram_available_bytes if max_ram_bytes is None else min(max_ram_bytes, hw.ram_available_bytes)
+    gpus = list(hw.gpus)
+    vram = None
+    if gpus:
+        vram = gpus[0].usable_bytes if max_vram_bytes is None else min(max_vram_bytes, gpus[0].usable_bytes)
+        g = gpus[0]
+        gpus[0] = replace(g, free_bytes=vram, working_set_bytes=min(g.working_set_bytes, vram)
+                          if g.working_set_bytes else None)
+    return replace(hw, ram_available_bytes=ram, gpus=gpus), Budget(ram, vram, max_models)
