@@ -250,7 +250,8 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
             plan.split_mode, plan.main_gpu = "none", idx
         one = DeviceUse(index=idx, name=gpu.name, backend=gpu.backend, layers=list(ws.gpu_layers),
                         output=ws.output_on_gpu, weights_bytes=ws.gpu_bytes, kv_bytes=kv_gpu,
-                        compute_bytes=compute_gpu, overhead_bytes=driver_vram, budget_bytes=vram_budget)
+                        compute_bytes=compute_gpu, overhead_bytes=driver_vram, budget_bytes=vram_budget,
+                        endpoint=gpu.endpoint)
         plan.devices = [one.to_dict()]
     plan.ram_anon_bytes = anon
     plan.page_cache_bytes = page_cache - disk_backed
