@@ -35,6 +35,7 @@ from localrun.backends.llamacpp_lib import (
     weight_placement,
 )
 from localrun.backends.llamacpp_seq import Generation, Slot
+from localrun.backends.rpc import model_devices, plan_endpoints
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
@@ -96,6 +97,10 @@ class LlamaCppEngine:
         mp.main_gpu = int(plan.main_gpu)
         # the planner's device split (offload/devices.py): llama_split_mode NONE 0 (main_gpu alone), LAYER 1, ROW 2
         mp.split_mode = {"none": 0, "layer": 1, "row": 2}[getattr(plan, "split_mode", "layer") or "layer"]
+        self._rpc_devices = None
+        if plan_endpoints(plan):  # RPC workers' devices first, then the local GPUs (backends/rpc.py)
+            self._rpc_devices, _ = model_devices(plan_endpoints(plan))
+            mp.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
         if plan.tensor_split:
             arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
             self._tensor_split = arr_t(*plan.tensor_split)

@@ -121,7 +121,7 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _ggml_lib(name: str):
+def ggml_lib(name: str):
     """The ggml library ``name`` as llama.cpp itself loaded it. pip wheels store ``libggml-cpu.so``,
     ``.so.0`` and ``.so.0.25.3`` as three separate files; libllama links the soname (``.so.0``), and
     loading another of them would give a second copy with its own buffer types (whose pointers the
@@ -141,7 +141,7 @@ def _ggml_lib(name: str):
 def _cpu_device():
     """(ggml-base library, the CPU ``ggml_backend_dev_t``) from llama.cpp's backend registry."""
     import_llama()  # libllama first: it loads and registers the backends
-    g, base = _ggml_lib("ggml"), _ggml_lib("ggml-base")
+    g, base = ggml_lib("ggml"), ggml_lib("ggml-base")
     g.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     g.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     return base, g.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
@@ -205,7 +205,7 @@ def repack_patterns(spec, n_gpu_layers: int, has: dict[str, bool] | None = None)
     per weight kind, the layer numbers as an alternation. ``has`` = {"avx2": …, "avx512": …} (default:
     what ggml detects). Used when the AMX buffer type must stay off (see ``weight_overrides``)."""
     if has is None:
-        cpu = _ggml_lib("ggml-cpu")
+        cpu = ggml_lib("ggml-cpu")
         has = {"avx2": bool(cpu.ggml_cpu_has_avx2()), "avx512": bool(cpu.ggml_cpu_has_avx512())}
     n_layer = int(spec.n_layer)
     ngl = n_layer + 1 if n_gpu_layers < 0 else int(n_gpu_layers)
