@@ -124,9 +124,10 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
                n_parallel: int = 1, n_gpu_layers: int | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, n_threads: int | None = None, chat_template: str | None = None,
                force: bool = False, status=None, models_dir: Path | None = None, spec_mode: str = "off",
-               draft_model: str | None = None, draft_max: int | None = None) -> Loaded:
+               draft_model: str | None = None, draft_max: int | None = None, hardware=None) -> Loaded:
     """Resolve, plan and load MODEL (``plan_load``, ``check_fits``, ``load_planned``). ``status(text)`` is
-    called with progress messages.
+    called with progress messages. ``hardware``: the profile to plan for (default: probe this machine;
+    ``--rpc`` adds the workers' devices, ``backends.rpc.hardware_with_workers``).
 
     The plan is ``plan_for_run`` for the detected machine; every flag given overrides the planner.
     Speculative decoding (llama.cpp): ``spec_mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``, ``draft_model``
@@ -142,7 +143,7 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     prep = plan_load(model, backend=backend, n_ctx=n_ctx, n_parallel=n_parallel, n_gpu_layers=n_gpu_layers,
                      kv_type=kv_type, flash_attn=flash_attn, n_threads=n_threads, chat_template=chat_template,
                      force=force, models_dir=models_dir, spec_mode=spec_mode, draft_model=draft_model,
-                     draft_max=draft_max)
+                     draft_max=draft_max, hardware=hardware)
     if prep.spec is not None:
         check_fits(prep.plan, force=force)
     return load_planned(prep, status)
