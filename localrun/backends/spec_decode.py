@@ -283,3 +283,33 @@ class SeqSpec:
 def acceptance_rate(draft_tokens: int, accepted_tokens: int) -> float | None:
     """accepted / drafted, None before anything was drafted."""
     return accepted_tokens / draft_tokens if draft_tokens else None
+
+
+@dataclass
+class DraftLength:
+    """One engine's per-step draft-length decision (the policy of ``llamacpp_spec.Speculation.plan``, here
+    for every engine): measure a plain step of this many sequences first (the yardstick of every verify
+    step), then ``choose_k``; while that says 0 and drafts are on offer, a short verify step (≤ 2 tokens)
+    every ``probe_every`` steps, so a cost measured once under load, or a stale acceptance, cannot keep
+    speculation off for good. ``adaptive`` False: always as many tokens as there is room for (tests,
+    fixed-length benches)."""
+
+    adaptive: bool = True
+    probe_every: int = 64
+    since_verify: int = 0  # decode steps since the last verify step
+
+    def choose(self, alphas: Sequence[float], lengths: Sequence[int], k_room: int, cost: StepCost, *,
+               draft: bool = False) -> int:
+        """K for this step (0 = a plain step); arguments as ``choose_k``; ``k_room``: tokens per sequence
+        there is room for (batch, context, max_tokens)."""
+        k_room = max(0, int(k_room))
+        if self.adaptive and len(alphas) not in cost.plain:
+            k = 0
+        elif self.adaptive:
+            k = choose_k(alphas, lengths, k_room, cost, draft=draft)
+        else:
+            k = k_room if any(lengths) else 0
+        self.since_verify = 0 if k else self.since_verify + 1
+        if self.adaptive and k == 0 and any(lengths) and self.since_verify >= self.probe_every:
+            k, self.since_verify = min(max(lengths), k_room, 2), 0
+        return k
