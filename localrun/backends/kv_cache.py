@@ -435,11 +435,19 @@ class KVCache:
         return None
 
 
-def attach_kv_cache(engine, *, ram_bytes: int, disk_dir: str | os.PathLike | None = None,
+def attach_kv_cache(engine, *, ram_bytes: int | None, disk_dir: str | os.PathLike | None = None,
                     disk_bytes: int = 0) -> KVCache:
     """Give a llama.cpp ``engine`` KV tiers: a ``KVCache`` for its model file and KV settings, its disk files
-    in ``disk_dir/<model id>`` (one folder per model: another model's files are never touched). Sets and
-    returns ``engine.kv_cache``."""
+    in ``disk_dir/<model id>`` (one folder per model: another model's files are never touched). ``ram_bytes``
+    None: the default (``offload.kv_tiers.default_cache_ram_bytes`` of the RAM available now, the model
+    loaded). Sets and returns ``engine.kv_cache``."""
+    if ram_bytes is None:
+        import psutil
+
+        from localrun.offload.kv_tiers import default_cache_ram_bytes
+
+        ram_bytes = default_cache_ram_bytes(psutil.virtual_memory().available)
+        log.info("kv cache: RAM tier %d MiB (the default)", ram_bytes >> 20)
     mid = model_identity(engine.model_path)
     folder = Path(disk_dir) / mid if disk_dir is not None else None
     cache = KVCache(mid, engine_settings(engine), ram_bytes=ram_bytes, disk_dir=folder, disk_bytes=disk_bytes)

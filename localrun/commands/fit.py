@@ -27,13 +27,18 @@ def register(app: typer.Typer) -> None:
         rpc_link: Optional[str] = typer.Option(None, "--rpc-link", help="The link to the workers as "
                                                "LAT_MS,GBPS (round trip ms, GB/s), instead of the measured one."),
         goal: str = typer.Option("balanced", "--goal", help="balanced, quality, speed or context."),
+        cache_ram: str = typer.Option("auto", "--cache-ram", help="The KV snapshots' RAM tier to show (serve "
+                                      "--cache-ram; auto: what serve picks)."),
+        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="The KV snapshots' disk tier folder "
+                                                "(serve --cache-dir)."),
+        cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Its budget (serve --cache-disk)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Plan a model for this (or another) machine: quantization, GPU layers, context, KV type, memory
         per tier (VRAM, RAM, disk-backed pages) and predicted speed. Exit 0 when it fits, 1 when not."""
         code = run_fit(model, ctx=ctx, parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, vram=vram,
                        ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out, rpc=rpc,
-                       rpc_link=rpc_link)
+                       rpc_link=rpc_link, cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk)
         if code:
             raise SystemExit(code)  # click swallows typer.Exit when standalone_mode=False
 
@@ -82,10 +87,12 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
 
 
 def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
-            disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None) -> int:
+            disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None, cache_ram="auto",
+            cache_dir=None, cache_disk="8GiB") -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
     whose devices join the split (``machine.rpc.probe_rpc_workers``; BackendUnavailableError without the
-    RPC build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``)."""
+    RPC build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
+    ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``)."""
     from localrun.errors import ConfigError
     from localrun.machine.measurements import planner_measurement
     from localrun.store.info import plan_model_here
@@ -108,6 +115,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
 
         hw.gpus = probe_rpc_workers([e.strip() for e in rpc.split(",") if e.strip()], link) + hw.gpus
     detected = not (preset or vram or ram or gpu or disk)
+    tier_args = _tier_args(hw, detected, cache_ram, cache_dir, cache_disk)  # bad sizes fail before planning
     meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
     title, chosen, plans = plan_model_here(model, hw, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
                                            flash_attn=flash_attn, goal=goal, measurement=meas)
@@ -116,6 +124,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
 
         best = chosen or plans[0]
         d = best.to_dict()
+        d["kv_tiers"] = kv_tiers_for(best, hw, **tier_args).to_dict()
         d["fits"] = chosen is not None
         d["warnings"] = _warnings(best, plans)
         d["machine"] = hw.label or "this machine"
@@ -124,11 +133,53 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         d["alternatives"] = [{k: pd[k] for k in keys} for pd in (p.to_dict() for p in plans)]  # to_dict once
         print_json(d)
     else:
-        _render(title, hw, chosen, plans)
+        _render(title, hw, chosen, plans, tier_args)
     return 0 if chosen is not None else 1
 
 
-def _render(title, hw, chosen, plans) -> None:
+def _tier_args(hw, detected: bool, cache_ram: str, cache_dir, cache_disk: str) -> dict:
+    """serve's --cache-ram/--cache-dir/--cache-disk → ``kv_tiers_for`` keywords; the disk kind of
+    ``cache_dir`` when this machine is planned (else the described machine's disk). Raises ConfigError."""
+    from localrun.units import parse_bytes
+
+    ram = cache_ram.strip().lower()
+    kind = hw.disk.kind if hw.disk else None
+    if cache_dir is not None and detected:
+        from pathlib import Path
+
+        from localrun.machine.hardware import probe_disk
+
+        p = Path(cache_dir).expanduser().absolute()
+        while not p.exists() and p.parent != p:
+            p = p.parent
+        kind = probe_disk(p).kind
+    return {"cache_ram_bytes": None if ram == "auto" else 0 if ram in ("0", "off") else
+            parse_bytes(cache_ram, flag="--cache-ram"), "cache_dir": cache_dir,
+            "cache_disk_bytes": parse_bytes(cache_disk, flag="--cache-disk"), "disk_kind": kind}
+
+
+def kv_tiers_for(plan, hw, **kw):
+    """The KV tiers (``offload.kv_tiers.KvTierPlan``) of ``plan`` on ``hw``: keywords of ``_tier_args``."""
+    from localrun.offload.kv_tiers import plan_kv_tiers
+
+    return plan_kv_tiers(plan, hw.ram_available_bytes, **kw)
+
+
+def _tiers_line(t) -> str:
+    """One line on the KV tiers: budgets, and a full context's snapshot restored from each tier."""
+    from localrun.machine.hardware import fmt_bytes
+
+    ram = f"RAM {fmt_bytes(t.ram_bytes)}" + (" (default)" if t.ram_source.startswith("default") else "") \
+        if t.ram_bytes else "RAM off"
+    disk = (f"disk {fmt_bytes(t.disk_bytes)} in {t.disk_dir}" if t.disk_dir is not None
+            else "disk off (serve --cache-dir DIR)")
+    prefill = f", prefill ≈ {t.prefill_s:.2g} s" if t.prefill_s else ""
+    return (f"  KV tiers: {ram} · {disk} · a {t.snapshot_tokens}-token snapshot ({fmt_bytes(t.snapshot_bytes)}) "
+            f"restores in ≈ {t.restore_ram_s:.2g} s from RAM, ≈ {t.restore_disk_s:.2g} s from disk "
+            f"({t.disk_kind}, {t.disk_read_gbps:g} GB/s){prefill}")
+
+
+def _render(title, hw, chosen, plans, tier_args=None) -> None:
     from rich.table import Table
 
     from localrun.machine.hardware import fmt_bytes
@@ -152,6 +203,7 @@ def _render(title, hw, chosen, plans) -> None:
                   f"prefill ≈ {p.prefill_tok_s:.0f} tok/s", highlight=False)
         for r in p.reasons:
             con.print(f"  • {r}", highlight=False)
+        con.print(_tiers_line(kv_tiers_for(p, hw, **(tier_args or {}))), highlight=False)
         if len(hw.gpus) > 1 and p.devices:
             con.print(_devices_table(p))
     t = Table(title="alternatives", header_style="bold")

@@ -133,8 +133,9 @@ def register(app: typer.Typer) -> None:
             help="At most this many models loaded at once (idle ones are unloaded, least recently used first)."),
         load_timeout: float = typer.Option(120.0, "--load-timeout", min=0.0,
             help="Seconds a request waits for memory held by busy models before a 503."),
-        cache_ram: str = typer.Option("1GiB", "--cache-ram",
-                                      help="Host RAM for KV-cache snapshots of reused slots, per model (0: off)."),
+        cache_ram: str = typer.Option("auto", "--cache-ram",
+                                      help="Host RAM for KV-cache snapshots of reused slots, per model (0: off; "
+                                           "auto: a quarter of the RAM left after loading, at most 8GiB)."),
         cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
                                                  help="Folder for the disk tier of KV snapshots (kept across "
                                                       "restarts; one subfolder per model)."),
@@ -210,15 +211,16 @@ def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str
 
 def parse_kv_tiers(cache_ram: str, cache_dir: Path | None, cache_disk: str) -> dict | None:
     """--cache-ram/--cache-dir/--cache-disk → ``kv_cache.attach_kv_cache`` keywords, None when both tiers are
-    off. Raises ConfigError naming the flag."""
+    off. ``--cache-ram auto`` → ``ram_bytes`` None (the default: ``offload.kv_tiers.default_cache_ram_bytes``
+    of the RAM free once the model is loaded). Raises ConfigError naming the flag."""
     from localrun.units import parse_bytes
 
     def size(text: str, flag: str) -> int:
         return 0 if text.strip() in ("0", "off") else parse_bytes(text, flag=flag)
 
-    ram = size(cache_ram, "--cache-ram")
+    ram = None if cache_ram.strip().lower() == "auto" else size(cache_ram, "--cache-ram")
     disk = size(cache_disk, "--cache-disk") if cache_dir is not None else 0
-    if not ram and not disk:
+    if ram == 0 and not disk:
         return None
     return {"ram_bytes": ram, "disk_dir": cache_dir, "disk_bytes": disk}
 

@@ -1,0 +1,124 @@
+"""The KV-cache tiers a plan gets (issue 17): the RAM and disk budgets of sequence snapshots, and how long a
+snapshot takes to restore from each tier. Pure: no I/O, no backend imports (`localrun fit` shows it;
+``backends/kv_cache.py`` keeps the tiers at run time).
+
+A snapshot is one sequence's KV as ``llama_state_seq_get_data`` copies it (src/llama-kv-cache.cpp
+state_write: the K and V rows of the sequence's cells, per layer). The typical one ``fit`` prices is a full
+context: ≈ the plan's KV-cache bytes ÷ n_parallel (an upper bound for sliding-window layers, whose cache
+holds ``n_swa + n_ubatch`` cells, of which a snapshot copies the sequence's window).
+
+Restore time (bytes ÷ rate, GB/s = 10^9 B/s):
+  from RAM  = bytes ÷ ``RESTORE_COPY_GBPS`` (``llama_state_seq_set_data`` parses the payload layer by layer
+              and copies each row into the cache: ``ggml_backend_tensor_set``);
+  from disk = bytes ÷ disk read rate + bytes ÷ ``HASH_GBPS`` (the file's SHA-256 is checked before
+              llama.cpp sees it) + the RAM restore.
+The disk read rate is the disk kind's sequential read (``speed.DISK_TABLE``, vendor peak) × ``READ_EFFICIENCY``,
+unless ``disk_read_gbps`` gives a measured one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from localrun.offload.speed import DISK_TABLE
+
+GIB = 1 << 30
+DEFAULT_DISK_BYTES = 8 * GIB  # serve --cache-disk's default
+RAM_CAP_BYTES = 8 * GIB  # llama-server's --cache-ram default (8192 MiB, tools/server/README.md)
+RAM_SHARE = 0.25  # of the RAM the plan leaves free
+# measured here by benches/kv_tiers.py: a 4,057-token SmolLM2 snapshot (93 MB) restores from RAM in
+# 0.05 s (CPU, under load); hashlib.sha256 reads 0.5 GB/s on this machine's CPU (SHA-NI, under load)
+RESTORE_COPY_GBPS = 2.0
+HASH_GBPS = 0.5
+READ_EFFICIENCY = 0.8  # one large sequential read reaches most of the peak (mmap page faults: speed.py's 0.5)
+
+
+@dataclass
+class KvTierPlan:
+    """What `fit` says about the KV tiers. Bytes, seconds, GB/s."""
+
+    snapshot_tokens: int  # the typical snapshot: a full context, tokens
+    snapshot_bytes: int  # its KV payload, bytes
+    ram_bytes: int  # the RAM tier's budget (serve --cache-ram; 0 = off)
+    ram_source: str  # "default (…)" or "--cache-ram"
+    disk_dir: str | None  # serve --cache-dir; None = no disk tier
+    disk_bytes: int  # the disk tier's budget (serve --cache-disk), 0 without --cache-dir
+    disk_kind: str  # nvme | ssd | hdd | unknown
+    disk_read_gbps: float  # sequential read the restore time assumes
+    disk_read_source: str  # "table (nvme)" or "measured"
+    restore_ram_s: float  # the typical snapshot from the RAM tier
+    restore_disk_s: float  # … from the disk tier
+    prefill_s: float  # … against prefilling its tokens (the plan's prefill speed); 0 when unknown
+
+    @property
+    def snapshots_in_ram(self) -> int:
+        return self.ram_bytes // self.snapshot_bytes if self.snapshot_bytes else 0
+
+    @property
+    def snapshots_on_disk(self) -> int:
+        return self.disk_bytes // self.snapshot_bytes if self.snapshot_bytes else 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["snapshots_in_ram"] = self.snapshots_in_ram
+        d["snapshots_on_disk"] = self.snapshots_on_disk
+        return d
+
+
+def default_cache_ram_bytes(ram_available_bytes: int, plan_ram_bytes: int = 0) -> int:
+    """serve's ``--cache-ram`` default: ``RAM_SHARE`` of the RAM left once the model is in
+    (``ram_available_bytes - plan_ram_bytes``; pass 0 for ``plan_ram_bytes`` when the available figure is
+    taken after the load), at most ``RAM_CAP_BYTES``, in whole MiB. Bytes; 0 when nothing is left."""
+    left = max(0, int(ram_available_bytes) - int(plan_ram_bytes))
+    return min(RAM_CAP_BYTES, int(left * RAM_SHARE)) >> 20 << 20
+
+
+def snapshot_bytes(kv_cache_bytes: int, n_parallel: int = 1) -> int:
+    """One sequence's full-context KV: the plan's KV-cache bytes ÷ ``n_parallel`` (each sequence its own
+    stream, src/llama-kv-cache.cpp n_stream). Bytes."""
+    return int(kv_cache_bytes) // max(1, int(n_parallel))
+
+
+def restore_seconds(nbytes: int, *, disk_read_gbps: float | None = None) -> float:
+    """Seconds to restore ``nbytes`` of snapshot: from RAM when ``disk_read_gbps`` is None, else from a disk
+    reading that many GB/s (see the module docstring for the formula)."""
+    ram = nbytes / (RESTORE_COPY_GBPS * 1e9)
+    if disk_read_gbps is None:
+        return ram
+    return nbytes / (max(1e-3, disk_read_gbps) * 1e9) + nbytes / (HASH_GBPS * 1e9) + ram
+
+
+def disk_read_gbps(kind: str | None) -> float:
+    """The sequential read rate a snapshot file is read at on a disk of ``kind`` (nvme, ssd, hdd), GB/s."""
+    return DISK_TABLE.get(kind or "unknown", DISK_TABLE["unknown"]) * READ_EFFICIENCY
+
+
+def plan_kv_tiers(plan, ram_available_bytes: int, *, disk_kind: str | None = None, cache_ram_bytes: int | None = None,
+                  cache_dir: str | None = None, cache_disk_bytes: int = DEFAULT_DISK_BYTES,
+                  measured_disk_read_gbps: float | None = None) -> KvTierPlan:
+    """The tiers ``plan`` (an ``offload.plan.Plan``) gets on a machine with ``ram_available_bytes`` free.
+
+    ``cache_ram_bytes`` None: the default (``default_cache_ram_bytes`` of the RAM the plan leaves);
+    ``cache_dir`` None: no disk tier (its budget 0); ``disk_kind``: the kind of the disk holding
+    ``cache_dir`` (or the model disk's); ``measured_disk_read_gbps`` replaces the table's rate. Raises
+    nothing."""
+    snap = snapshot_bytes(plan.kv_cache_bytes, plan.n_parallel)
+    if cache_ram_bytes is None:
+        ram = default_cache_ram_bytes(ram_available_bytes, plan.ram_bytes)
+        ram_source = f"default ({RAM_SHARE:g} of the RAM the plan leaves, at most {RAM_CAP_BYTES >> 30} GiB)"
+    else:
+        ram, ram_source = max(0, int(cache_ram_bytes)), "--cache-ram"
+    kind = disk_kind or "unknown"
+    if measured_disk_read_gbps:
+        rate, rate_source = float(measured_disk_read_gbps), "measured"
+    else:
+        rate, rate_source = disk_read_gbps(kind), f"table ({kind}: {DISK_TABLE.get(kind, DISK_TABLE['unknown']):g} " \
+                                                  f"GB/s peak × {READ_EFFICIENCY:g})"
+    prefill_tok_s = float(getattr(plan, "prefill_tok_s", 0.0) or 0.0)
+    return KvTierPlan(
+        snapshot_tokens=int(plan.n_ctx), snapshot_bytes=snap, ram_bytes=ram, ram_source=ram_source,
+        disk_dir=str(cache_dir) if cache_dir is not None else None,
+        disk_bytes=max(0, int(cache_disk_bytes)) if cache_dir is not None else 0,
+        disk_kind=kind, disk_read_gbps=round(rate, 3), disk_read_source=rate_source,
+        restore_ram_s=restore_seconds(snap), restore_disk_s=restore_seconds(snap, disk_read_gbps=rate),
+        prefill_s=plan.n_ctx / prefill_tok_s if prefill_tok_s > 0 else 0.0)
