@@ -141,6 +141,11 @@ def register(app: typer.Typer) -> None:
                                                       "restarts; one subfolder per model)."),
         cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Disk budget of --cache-dir, per model."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
+        rpc: Optional[str] = typer.Option(None, "--rpc", help="RPC workers host:port,… (`localrun worker`, "
+            "llama.cpp rpc-server) to split the model over, planned per device; the model then runs in a runner "
+            "process this one restarts if a worker goes away (503 meanwhile)."),
+        rpc_runner: bool = typer.Option(False, "--rpc-runner", hidden=True,
+            help="Internal: this process is serve --rpc's runner."),
     ) -> None:
         """Serve MODEL over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
         and Ollama (/api/chat, /api/generate, /api/tags, /api/show, /api/ps) wire formats, with continuous
@@ -172,6 +177,14 @@ def register(app: typer.Typer) -> None:
         settings = get_settings(host=host, port=port, api_key=api_key)
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
+        if rpc and not rpc_runner:  # llama.cpp's RPC client aborts its process when a worker dies: a runner
+            import click
+
+            from localrun.commands.serve_rpc import serve_with_runner
+
+            return serve_with_runner(click.get_current_context(), settings, rpc, log_level=log_level)
+        from localrun.backends.rpc import hardware_for
+
         run_server(settings, models=list(model or []), residency=residency, kv_tiers=kv_tiers, parallel=parallel,
                    ctx=ctx,
                    max_queue=max_queue, backend=backend,
@@ -180,7 +193,8 @@ def register(app: typer.Typer) -> None:
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
-                   stop_loops=stop_loops, reasoning_budget=reasoning_budget)
+                   stop_loops=stop_loops, reasoning_budget=reasoning_budget,
+                   hardware=hardware_for(rpc, settings.models_dir))
 
 
 def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str | None,
@@ -271,7 +285,8 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
-               kv_tiers: dict | None = None) -> None:
+               kv_tiers: dict | None = None, hardware=None) -> None:
+    """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers)."""
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -288,7 +303,8 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     options.reasoning_budget = reasoning_budget
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
-                        flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, **residency)
+                        flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, hardware=hardware,
+                        **residency)
     pins = list(residency.get("pins") or ())
     if chat_template:
         from localrun.store.resolve import resolve_model
