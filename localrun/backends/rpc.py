@@ -252,3 +252,17 @@ def hardware_with_workers(hw, endpoints: list[str], *, time_link: bool = False, 
             d.link = dict(link)
     local = [g for g in hw.gpus if g.backend != "rpc"]
     return dataclasses.replace(hw, gpus=devs + local)
+
+
+def hardware_for(rpc: str | None, models_dir=None):
+    """``--rpc host:port,…`` of chat/serve/bench → this machine's profile with the workers' devices first
+    (None without ``--rpc``: the caller probes as usual). Raises BackendUnavailableError (no RPC build:
+    the reinstall command), ConfigError (bad text, a worker that does not answer)."""
+    if not rpc:
+        return None
+    from localrun.machine.hardware import probe_hardware
+    from localrun.machine.rpc import require_rpc
+
+    endpoints = parse_endpoints(rpc)
+    require_rpc(what="--rpc")
+    return hardware_with_workers(probe_hardware(models_dir), endpoints)
