@@ -86,6 +86,9 @@ def register(app: typer.Typer) -> None:
                  "and save it back there on exit; a FILE not there yet starts it."),
         hide_thinking: bool = typer.Option(False, "--hide-thinking",
             help="Do not show the thinking (only how long it took); -p never writes it to stdout."),
+        rpc: Optional[str] = typer.Option(None, "--rpc", metavar="HOST:PORT,…",
+            help="RPC workers (`localrun worker`) to split the model over, planned per device. llama.cpp ends "
+                 "this process if a worker goes away mid-answer (serve --rpc survives it)."),
     ) -> None:
         """Chat with a model in the terminal."""
         from localrun.backends.base import SamplingParams
@@ -101,17 +104,21 @@ def register(app: typer.Typer) -> None:
                                 constraint=_constraint(json_schema, regex))
         if params.constraint is not None:  # loop guards would cut or bend structured output
             params.dry_multiplier, params.stop_loops = 0.0, False
+        from localrun.backends.rpc import hardware_for
+
+        hardware = hardware_for(rpc)
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
                                     chat_template=chat_template, force=force,
                                     status=lambda t: st.update(t), spec_mode=spec_mode,
-                                    draft_model=draft_model, draft_max=draft_max)
+                                    draft_model=draft_model, draft_max=draft_max, hardware=hardware)
         else:
             loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                                 kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force,
-                                spec_mode=spec_mode, draft_model=draft_model, draft_max=draft_max)
+                                spec_mode=spec_mode, draft_model=draft_model, draft_max=draft_max,
+                                hardware=hardware)
         engine = loaded.engine
         try:
             if not raw and not engine.has_chat_template:
