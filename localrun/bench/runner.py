@@ -42,6 +42,7 @@ class BenchOptions:
     spec_mode: str = "auto"  # speculative decoding in-process (llama.cpp): auto | ngram | draft | off
     draft_model: str | None = None
     draft_max: int | None = None
+    rpc: str | None = None  # RPC workers host:port,… for the in-process engine (backends/rpc.py)
 
 
 def needed_ctx(w: Workload) -> int:
@@ -59,7 +60,9 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
     from localrun.machine.hardware import probe_hardware
 
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    hw = probe_hardware()
+    from localrun.backends.rpc import hardware_for
+
+    hw = (hardware_for(opts.rpc) if opts.rpc and not opts.url else None) or probe_hardware()
     engine = plan = spec = None
     if opts.url:
         from localrun.bench.clients import HttpClient
@@ -76,7 +79,8 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
 
         loaded = load_model(opts.model, backend="llamacpp", n_ctx=max(opts.n_ctx or 0, needed_ctx(w)),
                             n_parallel=max(w.concurrency), n_threads=opts.n_threads, spec_mode=opts.spec_mode,
-                            draft_model=opts.draft_model, draft_max=opts.draft_max)
+                            draft_model=opts.draft_model, draft_max=opts.draft_max,
+                            hardware=hw if opts.rpc else None)
         engine, plan, spec = loaded.engine, loaded.plan, loaded.spec
         client = EngineClient(engine)
         target = {"path": engine.model_path, "model": display_name(engine.model_path), "backend": plan.backend,

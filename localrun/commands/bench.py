@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
                                                   help="Draft model for --spec auto/draft (same vocabulary)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
                                                 help="Drafted tokens per verify step at most (default 8)."),
+        rpc: Optional[str] = typer.Option(None, "--rpc", metavar="HOST:PORT,…",
+            help="RPC workers (`localrun worker`) to split the in-process model over, planned per device."),
         json_out: bool = typer.Option(False, "--json",
             help="Print the report as JSON (stable schema localrun.bench/1)."),
         plot_file: Optional[str] = typer.Option(None, "--plot",
@@ -107,7 +109,7 @@ def register(app: typer.Typer) -> None:
         opts = BenchOptions(model=model, url=url, model_name=model_name, api_key=api_key, endpoint=endpoint,
                             slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, price_kwh=price_kwh, n_ctx=ctx, n_threads=threads,
                             calibrate=calibrate, warmup=warmup, spec_mode=spec_mode, draft_model=draft_model,
-                            draft_max=draft_max)
+                            draft_max=draft_max, rpc=rpc)
         with LiveProgress(console=stderr(), enabled=sys.stderr.isatty()) as prog:
             report = run_bench(w, opts, on_level_start=prog.level_start, on_result=prog.result)
         if plot_file:
