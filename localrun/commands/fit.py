@@ -90,7 +90,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
             disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None, cache_ram="auto",
             cache_dir=None, cache_disk="8GiB") -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
-    whose devices join the split (``machine.rpc.probe_rpc_workers``; BackendUnavailableError without the
+    whose devices join the split (``backends.rpc.hardware_with_workers``; BackendUnavailableError without the
     RPC build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
     ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``)."""
     from localrun.errors import ConfigError
@@ -110,10 +110,13 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         lk = parse_link(rpc_link)
         link = {"latency_s": lk.latency_s, "bandwidth_gbps": lk.bandwidth_gbps, "source": lk.source}
     hw = machine(preset=preset, vram=vram, ram=ram, gpu=gpu, disk=disk)
-    if rpc:
-        from localrun.machine.rpc import probe_rpc_workers
+    if rpc:  # each worker's free/total memory, and its link timed (8 MiB each way) unless --rpc-link
+        from localrun.backends.rpc import hardware_with_workers, parse_endpoints
+        from localrun.machine.rpc import require_rpc
 
-        hw.gpus = probe_rpc_workers([e.strip() for e in rpc.split(",") if e.strip()], link) + hw.gpus
+        endpoints = parse_endpoints(rpc)
+        require_rpc(what="fit --rpc")
+        hw = hardware_with_workers(hw, endpoints, time_link=True, link=link)
     detected = not (preset or vram or ram or gpu or disk)
     tier_args = _tier_args(hw, detected, cache_ram, cache_dir, cache_disk)  # bad sizes fail before planning
     meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
