@@ -17,15 +17,13 @@ FRONT_ONLY = {"host", "port", "api_key", "insecure", "rpc_runner"}
 def runner_args(ctx, drop: set[str] = FRONT_ONLY) -> list[str]:
     """The command's parsed parameters back to argv (click ``ctx.params`` over ``ctx.command.params``),
     leaving out ``drop`` and options at their default. Arguments come first, in order."""
-    import click
-
     args: list[str] = []
     opts: list[str] = []
     for p in ctx.command.params:
         if p.name in drop or p.name not in ctx.params:
             continue
         value = ctx.params[p.name]
-        if isinstance(p, click.Argument):
+        if p.param_type_name == "argument":
             args += [str(v) for v in (value or [])] if p.multiple or p.nargs == -1 else [str(value)]
             continue
         if value is None or value == p.default or (p.multiple and not value):

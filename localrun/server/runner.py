@@ -158,6 +158,7 @@ class Supervisor:
         if missing:
             self.reason = (self.reason.split(";")[0] + f"; waiting for RPC worker {', '.join(missing)} to answer")
             return
+        self.kill()  # a runner marked down by a failed relay may still run: it would hold the workers
         self.restarts += 1
         log.info("RPC workers answer again: starting the runner (restart %d)", self.restarts)
         self.spawn()
