@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
+import re
 import signal
 import socket
 import statistics
@@ -126,12 +128,16 @@ def peer_cold_s(path: Path, args) -> float:
     return float(out)
 
 
-def localrun_cold_s(path: Path, args, home: Path) -> float:
+def localrun_cold_s(path: Path, args, home: Path) -> tuple[float, float, float]:
+    """(request → first token, the server's plan seconds, its plan + load seconds), from its log line
+    ``loaded NAME in X s (plan Y s; …)`` (server/models.py)."""
     srv = Server([], args, home)
     try:
-        return srv.first_token_s(str(path))
+        ttft = srv.first_token_s(str(path))
     finally:
         srv.stop()
+    m = re.search(r"loaded \S+ in ([0-9.]+) s \(plan ([0-9.]+) s", Path(srv.log.name).read_text())
+    return (ttft, float(m.group(2)), float(m.group(1))) if m else (ttft, math.nan, math.nan)
 
 
 def main() -> None:
@@ -149,12 +155,18 @@ def main() -> None:
         order = ("peer", "localrun") if r % 2 == 0 else ("localrun", "peer")
         t = {}
         for who in order:
-            t[who] = peer_cold_s(a, args) if who == "peer" else localrun_cold_s(a, args, home)
+            if who == "peer":
+                t[who] = peer_cold_s(a, args)
+            else:
+                t[who], plan_s, loaded_s = localrun_cold_s(a, args, home)
         ratios.append(t["localrun"] / t["peer"])
         print(f"round {r}: cold start → first token: llama-cpp-python {t['peer'] * 1e3:7.0f} ms, "
-              f"localrun serve {t['localrun'] * 1e3:7.0f} ms, ratio {ratios[-1]:.2f}×")
+              f"localrun serve {t['localrun'] * 1e3:7.0f} ms (plan {plan_s * 1e3:.0f} ms, load "
+              f"{(loaded_s - plan_s) * 1e3:.0f} ms, the rest {(t['localrun'] - loaded_s) * 1e3:.0f} ms), "
+              f"ratio {ratios[-1]:.2f}×; load average {os.getloadavg()[0]:.2f}")
     print(f"cold start, localrun / llama-cpp-python: median {statistics.median(ratios):.2f}× "
-          f"(goal ≤ 1.1×: {'MET' if statistics.median(ratios) <= 1.1 else 'NOT MET'})")
+          f"(goal ≤ 1.1×: {'MET' if statistics.median(ratios) <= 1.1 else 'NOT MET'}; {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}: a loaded machine makes both sides slower and noisier)")
 
     srv = Server([str(a), str(b)], args, home)
     try:

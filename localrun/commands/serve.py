@@ -306,6 +306,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                         flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, hardware=hardware,
                         **residency)
     pins = list(residency.get("pins") or ())
+    reg.loader.warm_up()  # the load path's imports now, not on the first request's clock
     if chat_template:
         from localrun.store.resolve import resolve_model
 

@@ -138,6 +138,7 @@ class Planned:
     given: dict = field(default_factory=dict)
     hardware: dict | None = None
     prepared: Any = None  # the loader's own (loading.Prepared)
+    plan_s: float = 0.0  # seconds spent planning (resolve excluded): the log's share of a cold start
 
 
 class Loader(Protocol):
@@ -249,6 +250,7 @@ class ModelRegistry:
             return self.residents[key].state
         t0 = time.perf_counter()
         planned = self.loader.plan(key)
+        planned.plan_s = time.perf_counter() - t0
         self._check_alone(name or key, planned)
         used = self._used() + planned.need
         if not self.budget.fits(used, len(self.residents) + 1):
@@ -379,6 +381,7 @@ class ModelRegistry:
             raise ModelNotFoundError(name or key, hint="this server serves only the models it was started with")
         t0 = time.perf_counter()
         planned = await run_in_threadpool(self.loader.plan, key)
+        planned.plan_s = time.perf_counter() - t0
         self._check_alone(name or key, planned)
         await self._make_room(key, name or key, planned.need)
         try:
@@ -597,8 +600,9 @@ class ModelRegistry:
         m.models_loaded.set(len(self.residents))
         ag = r.asked_given()
         extra = f"; asked {ag['asked']}, given {ag['given']} ({'; '.join(ag['reasons'][:3])})" if ag else ""
-        log.info("loaded %s in %.2f s (%s RAM, %s VRAM by the plan, keep-alive %s%s)%s", r.model_id, r.load_s,
-                 _fmt(r.need.ram_bytes), _fmt(r.need.vram_bytes), fmt_keep_alive(r.keep_alive_s),
+        plan_s = r.planned.plan_s if r.planned is not None else 0.0
+        log.info("loaded %s in %.3f s (plan %.3f s; %s RAM, %s VRAM by the plan, keep-alive %s%s)%s", r.model_id,
+                 r.load_s, plan_s, _fmt(r.need.ram_bytes), _fmt(r.need.vram_bytes), fmt_keep_alive(r.keep_alive_s),
                  ", pinned" if r.pinned else "", extra)
 
     def _default_keep_alive(self, model_id: str, key: str) -> float:
