@@ -205,16 +205,7 @@ def test_serve_rpc_survives_a_worker_killed_mid_stream(smollm_path, tmp_path):
     body = {"prompt": PROMPT, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}
     try:
         _wait_health(base, server, 200)
-        events = []
-        with httpx.Client(timeout=httpx.Timeout(10.0)) as c:  # the cut stream must end within 10 s
-            with c.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}) as resp:
-                assert resp.status_code == 200
-                for line in resp.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    events.append(json.loads(line[6:]))
-                    if len(events) == 5:
-                        w1.send_signal(signal.SIGKILL)
+        events = _stream_until_cut(base, body, lambda: w1.send_signal(signal.SIGKILL))
         assert len(events) > 5 and "error" in events[-1], events[-3:]
         assert "unavailable" in events[-1]["error"]["message"]
         assert all("error" not in e for e in events[:-1])
@@ -259,6 +250,83 @@ def test_serve_rpc_survives_a_worker_killed_mid_stream(smollm_path, tmp_path):
             server.kill()
         for w in (w1, w2):
             stop(w)
+
+
+def _stream_until_cut(base: str, body: dict, kill) -> list[dict]:
+    """Stream /v1/completions, call ``kill()`` after the 5th event, return every event (10 s read timeout:
+    the cut stream must end within it)."""
+    import httpx
+
+    events = []
+    with httpx.Client(timeout=httpx.Timeout(10.0)) as c:
+        with c.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 5:
+                        kill()
+    return events
+
+
+@pytest.mark.model
+def test_front_turns_its_runner_dying_into_errors_and_restarts_it(smollm_path):
+    """No RPC needed: the runner is a plain `localrun serve`, SIGKILLed as llama.cpp's abort ends it, and the
+    "worker" a listening socket this test closes and opens again."""
+    import httpx
+    from helpers import ServerThread
+
+    from localrun.server.runner import Supervisor, create_front, wait_first_ready
+
+    def listener(port: int = 0) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(8)
+        return s
+
+    fake = listener()
+    ep = f"127.0.0.1:{fake.getsockname()[1]}"
+    sup = Supervisor(lambda port: [sys.executable, "-m", "localrun", "serve", str(smollm_path), "--port", str(port),
+                                   "--ctx", "1024", "--parallel", "1"], [ep])
+    sup.spawn()
+    srv = None
+    try:
+        assert wait_first_ready(sup)
+        srv = ServerThread(create_front(sup))
+        body = {"prompt": PROMPT, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}
+        r = httpx.post(f"{srv.url}/v1/completions", json={**body, "max_tokens": 3}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"]  # relayed as it is
+        first = sup.proc
+
+        def kill():
+            fake.close()  # the worker is gone too: no restart until it answers
+            first.kill()
+
+        events = _stream_until_cut(srv.url, body, kill)
+        assert "error" in events[-1] and all("error" not in e for e in events[:-1]), events[-2:]
+        code, health = _health(srv.url)
+        assert code == 503 and health["status"] == "unhealthy", health
+        r = httpx.post(f"{srv.url}/api/generate", json={"prompt": "hi", "stream": False}, timeout=10)
+        assert r.status_code == 503 and "unavailable" in r.json()["error"]  # in Ollama's shape
+        for _ in range(20):
+            if ep in _health(srv.url)[1]["reason"]:
+                break
+            time.sleep(0.5)
+        assert ep in _health(srv.url)[1]["reason"]
+        fake = listener(int(ep.rsplit(":", 1)[1]))  # back: the runner starts again
+        deadline = time.monotonic() + 120
+        while _health(srv.url)[0] != 200:
+            assert time.monotonic() < deadline, _health(srv.url)
+            time.sleep(0.5)
+        assert sup.restarts == 1 and sup.proc is not first
+        r = httpx.post(f"{srv.url}/v1/completions", json={**body, "max_tokens": 3}, timeout=60)
+        assert r.status_code == 200
+    finally:
+        if srv is not None:
+            srv.stop()
+        sup.stop()
+        fake.close()
 
 
 # -------------------------------------------------------------------------------------------------------
