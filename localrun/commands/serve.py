@@ -94,6 +94,8 @@ def register(app: typer.Typer) -> None:
         ctx: Optional[int] = typer.Option(None, "--ctx", "--ctx-size", "-c", min=64,
             help="Context per sequence, tokens."),
         kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV-cache type: f16, q8_0, q4_0."),
+        n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl",
+            help="Layer slots on the GPUs / RPC workers (default: the plan's; -1 = all), the rest on the CPU."),
         flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn", "-fa",
             help="Flash attention (default: the plan's: on with a GPU, off on the CPU)."),
         max_queue: int = typer.Option(64, "--max-queue", min=1,
@@ -194,7 +196,7 @@ def register(app: typer.Typer) -> None:
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
                    stop_loops=stop_loops, reasoning_budget=reasoning_budget,
-                   hardware=hardware_for(rpc, settings.models_dir))
+                   hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers)
 
 
 def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str | None,
@@ -244,7 +246,7 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
                   force: bool = False, keep_alive_s: float | None = None, keep_alive_by_model: dict | None = None,
                   pins: tuple = (), max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
                   max_models: int | None = None, load_wait_s: float = 120.0, hardware=None,
-                  kv_tiers: dict | None = None):
+                  kv_tiers: dict | None = None, n_gpu_layers: int | None = None):
     """The server's ``ModelRegistry``: the machine probed once (``hardware``, default: now), its free memory
     capped by ``max_ram_bytes``/``max_vram_bytes`` as the budget every model is planned against."""
     from localrun.machine.hardware import probe_hardware
@@ -257,6 +259,7 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
     loader = PlannerLoader(settings, hw, backend=backend, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
                            flash_attn=flash_attn, n_threads=threads, force=force)
     loader.kv_tiers = kv_tiers
+    loader.n_gpu_layers = n_gpu_layers
     return ModelRegistry(settings, options, ServerMetrics(), loader=loader, budget=budget,
                          keep_alive_s=DEFAULT_KEEP_ALIVE_S if keep_alive_s is None else keep_alive_s,
                          keep_alive_by_model=keep_alive_by_model, pins=pins, load_wait_s=load_wait_s)
@@ -285,8 +288,9 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
-               kv_tiers: dict | None = None, hardware=None) -> None:
-    """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers)."""
+               kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None) -> None:
+    """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers);
+    ``n_gpu_layers``: layer slots on the GPUs / RPC workers (None: the plan's)."""
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -304,7 +308,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
                         flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, hardware=hardware,
-                        **residency)
+                        n_gpu_layers=n_gpu_layers, **residency)
     pins = list(residency.get("pins") or ())
     reg.loader.warm_up()  # the load path's imports now, not on the first request's clock
     if chat_template:

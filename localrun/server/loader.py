@@ -32,6 +32,7 @@ class PlannerLoader:
                  n_threads: int | None = None, force: bool = False) -> None:
         self.settings = settings
         self.hardware = hardware
+        self.n_gpu_layers: int | None = None  # serve --n-gpu-layers (None: the plan's; -1 all)
         self.backend = backend or getattr(settings, "backend", None) or "llamacpp"
         self.n_ctx = n_ctx
         self.n_parallel = n_parallel
@@ -79,7 +80,7 @@ class PlannerLoader:
         serial = self.backend not in ("llamacpp", "auto")
         prep = plan_load(path, backend=self.backend, n_ctx=self.n_ctx, n_parallel=1 if serial else self.n_parallel,
                          kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
-                         chat_template=self.templates.get(path), force=self.force,
+                         chat_template=self.templates.get(path), force=self.force, n_gpu_layers=self.n_gpu_layers,
                          models_dir=self.settings.models_dir, hardware=self.hardware, warn=False)
         plan, spec = prep.plan, prep.spec
         hw = self.hardware.to_dict() if hasattr(self.hardware, "to_dict") else None
