@@ -158,7 +158,8 @@ def main() -> None:
         procs.append(targets["one"])
         port = free_port()
         targets["split"] = Proc("localrun-split", [sys.executable, "-m", "localrun", "serve", str(model), "--port",
-                                                   str(port), *common, "--rpc", ",".join(lw)], logs, port=port)
+                                                   str(port), *common, "--rpc", ",".join(lw), "-ngl",
+                                                   str(plan.n_gpu_layers)], logs, port=port)
         procs.append(targets["split"])
         why = None
         if not (args.llama_server and shutil.which(args.llama_server) and args.rpc_server
