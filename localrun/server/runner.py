@@ -239,7 +239,7 @@ def create_front(sup: Supervisor):
 
         async def body_iter():
             try:
-                async for part in resp.aiter_raw():
+                async for part in resp.aiter_bytes():  # decoded: content-encoding is dropped
                     yield part
             except httpx.TransportError:
                 sup.mark_down("the engine's runner died during a stream (an RPC worker went away?)")
