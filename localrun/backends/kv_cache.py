@@ -17,6 +17,12 @@ settings is ignored with a warning and deleted; it never reaches llama.cpp.
 Sliding-window models (Gemma-3's SWA layers without ``swa_full``): the SWA cache holds only the last
 ``n_swa`` positions, so a snapshot can be resumed only at exactly the position where it was taken; such a
 snapshot is restored only when its tokens are a strict prefix of the prompt (never cut back).
+
+Boundaries: snapshots are taken where reuse is likely. The end of each turn comes for free (a slot's
+tokens, saved when another prompt takes the slot). The end of a system prompt is told by ``note_boundary``
+(the engine's ``tokenize_chat``: the tokens a chat's leading system messages render to); a later prompt
+that starts with them is prefilled up to there, saved, then prefilled on (``boundary_in``), so the next
+request with that system prompt and another user turn restores it, on sliding-window models too.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -44,13 +51,17 @@ from localrun.backends.kv_files import (
 )
 from localrun.backends.text import common_prefix
 
-__all__ = ["MAGIC", "SUFFIX", "MIN_TOKENS", "KVCache", "Snapshot", "SnapshotFileError", "TierStats", "attach_kv_cache",
-           "engine_settings", "load_slot_file", "model_identity", "read_snapshot_file", "read_snapshot_header",
-           "save_slot_file", "snapshot_file_size", "tokens_sha256", "write_snapshot_file"]
+__all__ = [
+    "MAGIC", "SUFFIX", "MIN_TOKENS", "MAX_BOUNDARIES", "KVCache", "Snapshot", "SnapshotFileError", "TierStats",
+    "attach_kv_cache", "engine_settings", "load_slot_file", "model_identity", "read_snapshot_file",
+    "read_snapshot_header", "save_slot_file", "snapshot_file_size", "system_prompt_end", "tokens_sha256",
+    "write_snapshot_file",
+]
 
 log = logging.getLogger("localrun.kv_cache")
 
 MIN_TOKENS = 32  # shorter prefixes are cheaper to prefill than to save and look up
+MAX_BOUNDARIES = 64  # system prompts remembered (their tokens' SHA-256), least recently noted forgotten first
 
 
 @dataclass
@@ -96,6 +107,7 @@ class KVCache:
         self.min_tokens = min_tokens
         self.stats = TierStats()
         self.snapshots: dict[tuple[int, ...], Snapshot] = {}
+        self.boundaries: OrderedDict[str, int] = OrderedDict()  # SHA-256 of a prefix's tokens → its length
         self._lock = threading.RLock()
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +165,35 @@ class KVCache:
                 snap.data = None
                 if snap.path is None:
                     self.snapshots.pop(snap.tokens, None)
+
+    # ------------------------------------------------------------------ boundaries
+    def note_boundary(self, tokens: Sequence[int]) -> None:
+        """``tokens`` (a prompt's first tokens: a chat's system prompt) end where a snapshot is worth taking:
+        prompts that start with them get one there (``boundary_in``). Shorter than ``min_tokens``: ignored.
+        Remembers the last ``MAX_BOUNDARIES``."""
+        if len(tokens) < self.min_tokens:
+            return
+        key = tokens_sha256(tokens)
+        with self._lock:
+            self.boundaries[key] = len(tokens)
+            self.boundaries.move_to_end(key)
+            while len(self.boundaries) > MAX_BOUNDARIES:
+                self.boundaries.popitem(last=False)
+
+    def boundary_in(self, prompt: Sequence[int], start: int, *, sliding: bool) -> int:
+        """The longest noted boundary ``b`` inside ``prompt``'s part still to prefill (``start < b <
+        len(prompt)``) whose tokens no snapshot holds yet → ``b`` (the engine stops its prefill there and
+        calls ``save``), 0 when there is none. ``sliding``: only a snapshot of exactly ``prompt[:b]`` holds
+        them (see ``best``); otherwise any snapshot that starts with them."""
+        with self._lock:
+            for n in sorted(set(self.boundaries.values()), reverse=True):
+                if not start < n < len(prompt) or tokens_sha256(prompt[:n]) not in self.boundaries:
+                    continue
+                head = tuple(prompt[:n])
+                held = head in self.snapshots if sliding else \
+                    any(len(t) >= n and t[:n] == head for t in self.snapshots)
+                return 0 if held else n
+        return 0
 
     # ------------------------------------------------------------------ lookup
     def best(self, prompt: Sequence[int], *, sliding: bool) -> tuple[Snapshot | None, int]:
@@ -348,6 +389,38 @@ class KVCache:
         self.snapshots.pop(snap.tokens, None)
         snap.path = None
         return None
+
+
+def system_prompt_end(cache: KVCache, messages: Sequence, prompt: Sequence[int], render) -> int:
+    """Note where ``prompt`` (``messages`` rendered) stops being the same for every user turn after its
+    leading system (or developer) messages, as a boundary of ``cache`` (``KVCache.note_boundary``) → that
+    position, 0 when there is none (no system message, nothing after it, too short, or a template that will
+    not render the probe). ``render(messages)`` → token ids. The probe is the system messages plus a user
+    turn whose text is one private-use character: the common prefix of its tokens and ``prompt``'s ends
+    where the user's text begins (after the template's user header; a template that folds the system text
+    into the first user turn, as Gemma's does, gives the same), and is always a true prefix of ``prompt``.
+    Raises nothing."""
+    from localrun.backends.base import Message
+    from localrun.errors import LocalrunError
+
+    def role(m) -> str | None:
+        return m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+
+    k = 0
+    while k < len(messages) and role(messages[k]) in ("system", "developer"):
+        k += 1
+    if k == 0 or k == len(messages) or len(prompt) <= cache.min_tokens:
+        return 0
+    try:
+        probe = render([*messages[:k], Message("user", "\ue000")])
+    except (LocalrunError, ValueError, TypeError, KeyError, IndexError) as e:  # a template that refuses it
+        log.debug("kv cache: no system-prompt boundary (%s)", e)
+        return 0
+    n = common_prefix(probe, prompt)
+    if n >= len(prompt) or n < cache.min_tokens:
+        return 0
+    cache.note_boundary(prompt[:n])
+    return n
 
 
 def attach_kv_cache(engine, *, ram_bytes: int | None, disk_dir: str | os.PathLike | None = None,

@@ -278,9 +278,17 @@ class LlamaCppEngine:
         (``enable_thinking``, ``reasoning_effort``). Raises ChatTemplateError."""
         from localrun.model.chat_template import chat_prompt_tokens
 
-        return chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
-                                  add_generation_prompt=add_generation_prompt, tools=tools,
-                                  parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)
+        text, ids = chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
+                                       add_generation_prompt=add_generation_prompt, tools=tools,
+                                       parse_special_in_content=parse_special_in_content,
+                                       template_kwargs=template_kwargs)
+        if self.kv_cache is not None:  # the system prompt's end: a KV-tier snapshot boundary
+            from localrun.backends.kv_cache import system_prompt_end
+
+            system_prompt_end(self.kv_cache, messages, ids, lambda m: chat_prompt_tokens(
+                self._template, self.model_path, m, self.tokenize, add_generation_prompt=False, tools=tools,
+                parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)[1])
+        return text, ids
 
     @property
     def eog_ids(self) -> tuple[int, ...]:
@@ -345,9 +353,10 @@ class LlamaCppEngine:
         slot.last_used = time.monotonic()
         # prefix caching: prime the sampler's penalty history with the reused prompt tokens
         spec = self.speculation.begin(prompt, params) if self.speculation is not None else None
+        snap_at = self.kv_cache.boundary_in(prompt, n_keep, sliding=bool(self.n_swa)) if self.kv_cache else 0
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
                           cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx),
-                          control=control, spec=spec)
+                          control=control, spec=spec, snapshot_at=snap_at)
 
     def _window_kept(self, slot: Slot, n_keep: int) -> bool:
         """Can ``slot``'s KV be cut back to its first ``n_keep`` tokens? Always, without sliding-window
@@ -415,6 +424,8 @@ class LlamaCppEngine:
                 # token costs the same in a chunk of 64 or 512); never leave a remainder under 32 tokens,
                 # whose kernels round differently (outputs stay equal to a solo run's)
                 take = self.prefill_chunk_decoding if left - self.prefill_chunk_decoding >= 32 else take
+            if g.snapshot_at > g.n_prompt_done:  # a KV-tier boundary (the system prompt's end): stop there
+                take = min(take, g.snapshot_at - g.n_prompt_done)
             sid, pos0, toks = g.slot.seq_id, g.n_prompt_done, g.prompt
             for j in range(take):
                 batch.token[n], batch.pos[n], batch.n_seq_id[n] = toks[pos0 + j], pos0 + j, 1
@@ -454,6 +465,9 @@ class LlamaCppEngine:
             kept = take if rc == 0 else self.C.llama_memory_seq_pos_max(self.mem, g.slot.seq_id) + 1 - g.n_prompt_done
             g.slot.tokens.extend(g.prompt[g.n_prompt_done : g.n_prompt_done + max(0, min(kept, take))])
             g.n_prompt_done = len(g.slot.tokens)
+            if g.snapshot_at and g.n_prompt_done == g.snapshot_at and self.kv_cache is not None:
+                self.kv_cache.save(self, g.slot)  # the slot holds exactly prompt[:snapshot_at]
+                g.snapshot_at = 0
         for g in decoding:
             g.slot.tokens.append(g.pending)
         if self._abort.take() or rc == 2:

@@ -41,6 +41,7 @@ class Generation:
     last_prefill: int = -1  # engine step number of this sequence's last prefill chunk (round-robin)
     control: object | None = None  # backends.control.TokenControl: forced tokens, masks, complete; None = free
     spec: object | None = None  # spec_decode.SeqSpec: speculative decoding state and counts; None = off
+    snapshot_at: int = 0  # prompt position where the prefill stops for a KV-tier snapshot (kv_cache.boundary_in)
 
     @property
     def done(self) -> bool:
