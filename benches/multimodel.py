@@ -80,12 +80,14 @@ class Server:
         self.log = open(home / f"serve-{self.port}.log", "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True)
+        # made before any timing: an httpx.Client loads its TLS context (certifi) when made, 50-300 ms here
+        self.http = httpx.Client(base_url=self.url, timeout=600)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"localrun serve exited with {self.proc.returncode}: see {self.log.name}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if self.http.get("/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -96,7 +98,7 @@ class Server:
         """Request sent → first streamed token of a one-token /api/generate naming ``model``. Seconds."""
         body = {"model": model, "prompt": PROMPT, "raw": True, "options": {"num_predict": 1, "temperature": 0}}
         t0 = time.perf_counter()
-        with httpx.stream("POST", self.url + "/api/generate", json=body, timeout=600) as r:
+        with self.http.stream("POST", "/api/generate", json=body) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if line and json.loads(line).get("response") is not None:
@@ -104,7 +106,7 @@ class Server:
         raise RuntimeError("no token")
 
     def loads(self) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=30).text
+        text = self.http.get("/metrics", timeout=30).text
         return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
                    if ln.startswith("localrun_model_loads_total"))
 
@@ -114,6 +116,7 @@ class Server:
             self.proc.wait(30)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.http.close()
         self.log.close()
 
 
