@@ -130,7 +130,7 @@ class Ggml:
             if not buf or self.base.ggml_backend_tensor_alloc(buf, t, self.base.ggml_backend_buffer_get_base(buf)):
                 raise ConfigError(f"could not allocate {n_bytes} bytes on the worker to time its link",
                                   hint="free memory there, or give the link with --rpc-link LAT_MS,GBPS")
-            data = ctypes.create_string_buffer(bytes(range(256)) * (n_bytes // 256 + 1), n_bytes)
+            data = ctypes.create_string_buffer((bytes(range(256)) * (n_bytes // 256 + 1))[:n_bytes], n_bytes)
             small = ctypes.create_string_buffer(4)
 
             def timed(fn) -> float:
