@@ -10,6 +10,7 @@ import math
 import httpx
 import pytest
 from fakes import ScriptedEngine
+from helpers import metric_value
 
 from localrun.config import Settings
 from localrun.server.app import create_app
@@ -61,16 +62,23 @@ class FakeLoader:
             self.engines[path] = eng
         return self.engines[path]
 
-    def plan(self, path: str) -> Planned:
-        asked = {"n_ctx": 8192, "kv_type": "f16"}
+    def plan(self, path: str, n_ctx: int | None = None) -> Planned:
+        asked = {"n_ctx": n_ctx or 8192, "kv_type": "f16"}
         return Planned(path, Need(0, self.needs[path]), fits=self.fits.get(path, True),
                        reasons=[f"{path} needs {self.needs[path]} bytes"], asked=asked,
                        given=self.given.get(path, asked))
 
     def load(self, planned: Planned):
+        """The path's engine (a fresh one after an unload closed it; with the context planned when a request
+        asked one, else ScriptedEngine's 256)."""
         assert self.hold.wait(TIMEOUT_S)
         self.loads[planned.path] = self.loads.get(planned.path, 0) + 1
-        return self.engine(planned.path)
+        if planned.path in self.engines and self.engines[planned.path].closed:
+            del self.engines[planned.path]
+        eng = self.engine(planned.path)
+        if planned.asked["n_ctx"] != 8192:
+            eng.n_ctx = planned.given["n_ctx"]
+        return eng
 
 
 @pytest.fixture
@@ -340,3 +348,116 @@ def test_serve_flags_for_residency():
         parse_residency(["soon"], None, None, None, [])
     with pytest.raises(ConfigError, match="max-memory"):
         parse_residency([], "lots", None, None, [])
+
+
+def ctx_of(reg, path) -> int:
+    return reg.residents[path].state.engine.n_ctx
+
+
+def test_num_ctx_reloads_a_resident_with_another_context(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    async def body(http):
+        assert (await gen(http, files["a"])).status_code == 200
+        first = loader.engines[files["a"]]
+        r = await gen(http, files["a"], options={"num_ctx": 1024})  # Ollama: another context reloads
+        assert r.status_code == 200 and loader.loads[files["a"]] == 2 and first.closed
+        assert ctx_of(reg, files["a"]) == 1024
+        ps = (await http.get("/api/ps")).json()["models"]
+        assert ps[0]["context_length"] == 1024
+        assert (await gen(http, files["a"], options={"num_ctx": 1024})).status_code == 200  # the same: kept
+        assert (await gen(http, files["a"])).status_code == 200  # no num_ctx: whatever is loaded serves
+        r = await http.post("/api/generate", json={"model": files["a"], "options": {"num_ctx": 512}})
+        assert r.json()["done_reason"] == "load" and ctx_of(reg, files["a"]) == 512  # an empty prompt too
+        assert loader.loads[files["a"]] == 3
+        text = (await http.get("/metrics")).text
+        assert metric_value(text, "localrun_model_unloads_total", reason="reload") == 2
+        for bad in (0, -5):
+            r = await gen(http, files["a"], options={"num_ctx": bad})
+            assert r.status_code == 400 and "num_ctx" in r.json()["error"]
+        assert loader.loads[files["a"]] == 3
+
+    run(app, reg, body)
+
+
+def test_a_reload_waits_for_the_running_request_and_later_requests_get_the_new_context(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    async def body(http):
+        assert (await gen(http, files["a"])).status_code == 200
+        old = loader.engines[files["a"]]
+        old.gate()
+        running = asyncio.ensure_future(gen(http, files["a"], options={"num_predict": 2}))
+        await until(lambda: reg.residents[files["a"]].state.scheduler.n_running)
+        wants_2048 = asyncio.ensure_future(gen(http, files["a"], options={"num_ctx": 2048}))
+        await until(lambda: reg.residents[files["a"]].reloading)
+        any_ctx = asyncio.ensure_future(gen(http, files["a"]))  # arrives during the drain: waits for the reload
+        await asyncio.sleep(0.2)
+        assert not wants_2048.done() and not any_ctx.done() and not old.closed  # never cut a running request
+        old.open()
+        for fut in (running, wants_2048, any_ctx):
+            r = await asyncio.wait_for(fut, TIMEOUT_S)
+            assert r.status_code == 200 and r.json()["response"] == "ok"
+        assert old.closed and loader.loads[files["a"]] == 2 and ctx_of(reg, files["a"]) == 2048
+        assert len(old.events("start")) == 2  # the first request and the running one; the others: the new
+
+    run(app, reg, body)
+
+
+def test_a_reload_that_waits_too_long_is_a_503_and_the_model_keeps_serving(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, load_wait_s=0.3)
+
+    async def body(http):
+        assert (await gen(http, files["a"])).status_code == 200
+        old = loader.engines[files["a"]]
+        old.gate()
+        running = asyncio.ensure_future(gen(http, files["a"]))
+        await until(lambda: reg.residents[files["a"]].state.scheduler.n_running)
+        r = await gen(http, files["a"], options={"num_ctx": 2048})
+        assert r.status_code == 503 and "retry-after" in r.headers and "2048" in r.json()["error"]
+        old.open()
+        assert (await running).status_code == 200
+        assert (await gen(http, files["a"])).status_code == 200 and loader.loads[files["a"]] == 1
+
+    run(app, reg, body)
+
+
+def test_a_context_given_smaller_than_asked_is_not_reloaded_again(tmp_path, files):
+    app, reg, loader = make(tmp_path, files, given={files["c"]: {"n_ctx": 2048, "kv_type": "f16"}})
+
+    async def body(http):
+        r = await gen(http, files["c"], options={"num_ctx": 65536})
+        assert r.headers["x-localrun-asked"] == "n_ctx=65536 kv_type=f16"
+        assert r.headers["x-localrun-given"] == "n_ctx=2048 kv_type=f16"
+        r = await gen(http, files["c"], options={"num_ctx": 65536})  # the same ask: the planner's answer stays
+        assert r.status_code == 200 and loader.loads[files["c"]] == 1
+
+    run(app, reg, body)
+
+
+def test_keep_alive_and_ttl_on_the_openai_routes(tmp_path, files):
+    app, reg, loader = make(tmp_path, files)
+
+    def complete(model, **kw):
+        return http_.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2, **kw})
+
+    async def body(http):
+        nonlocal http_
+        http_ = http
+        r = await complete(files["a"], keep_alive=0)  # Ollama's semantics, as an extension
+        assert r.status_code == 200
+        await until(lambda: files["a"] not in reg.residents and loader.engines[files["a"]].closed)
+        assert (await complete(files["c"], ttl=0)).status_code == 200  # LM Studio's ttl, seconds
+        await until(lambda: files["c"] not in reg.residents)
+        assert (await complete(files["b"], keep_alive="-1m")).status_code == 200
+        ps = (await http.get("/api/ps")).json()["models"]
+        assert ps[0]["localrun"]["never_expires"]
+        assert (await complete(files["b"], ttl=600)).status_code == 200
+        assert reg.residents[files["b"]].keep_alive_s == 600
+        for field, bad in (("keep_alive", "soon"), ("ttl", "5m"), ("ttl", True)):
+            r = await complete(files["b"], **{field: bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field
+        assert reg.residents[files["b"]].keep_alive_s == 600
+
+    http_ = None
+    run(app, reg, body)

@@ -74,11 +74,15 @@ class PlannerLoader:
         """Load the model at ``model_path`` with ``template`` (``--chat-template``) instead of its own."""
         self.templates[path_key(model_path)] = template
 
-    def plan(self, path: str) -> Planned:
+    def plan(self, path: str, n_ctx: int | None = None) -> Planned:
+        """What loading ``path`` needs and how (``Planned``), at ``n_ctx`` tokens per sequence (a request's
+        ``num_ctx``; None: the server's ``--ctx``, else the planner's choice). Raises ModelNotFoundError,
+        ModelFormatError, ChatTemplateError."""
         from localrun.loading import plan_load
 
+        n_ctx = n_ctx or self.n_ctx
         serial = self.backend not in ("llamacpp", "auto")
-        prep = plan_load(path, backend=self.backend, n_ctx=self.n_ctx, n_parallel=1 if serial else self.n_parallel,
+        prep = plan_load(path, backend=self.backend, n_ctx=n_ctx, n_parallel=1 if serial else self.n_parallel,
                          kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
                          chat_template=self.templates.get(path), force=self.force, n_gpu_layers=self.n_gpu_layers,
                          models_dir=self.settings.models_dir, hardware=self.hardware, warn=False)
@@ -90,7 +94,7 @@ class PlannerLoader:
         for w in plan.warnings:
             log.warning("%s: %s", Path(prep.path).name, w)
         gpu = bool(getattr(self.hardware, "gpus", None)) and plan.backend == "llamacpp"
-        asked = {"n_ctx": self.n_ctx or spec.n_ctx_train or plan.n_ctx, "n_gpu_layers": "all" if gpu else 0,
+        asked = {"n_ctx": n_ctx or spec.n_ctx_train or plan.n_ctx, "n_gpu_layers": "all" if gpu else 0,
                  "kv_type": self.kv_type or "f16"}
         given = {"n_ctx": plan.n_ctx, "n_gpu_layers": "all" if gpu and plan.n_gpu_layers >= spec.n_layer
                  else plan.n_gpu_layers, "kv_type": plan.kv_type}

@@ -82,6 +82,26 @@ def parse_keep_alive(value: Any, param: str = "keep_alive") -> float | None:
     return FOREVER if secs < 0 else secs
 
 
+def request_keep_alive(req) -> float | None:
+    """A request body's keep-alive, seconds: ``keep_alive`` (Ollama's, also read on the OpenAI routes as an
+    extension), else ``ttl`` (LM Studio's, seconds on its OpenAI routes; ``-1``: never). None: neither.
+    Raises RequestError naming the field."""
+    keep = parse_keep_alive(getattr(req, "keep_alive", None))
+    if keep is None:
+        ttl = getattr(req, "ttl", None)
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
+            raise RequestError("'ttl' must be a number of seconds", param="ttl",
+                               hint="e.g. 300 (five minutes), 0 (unload when the request ends), -1 (never)")
+        keep = parse_keep_alive(ttl, "ttl")
+    return keep
+
+
+def request_n_ctx(req) -> int | None:
+    """The context a request body asks for: Ollama's ``options.num_ctx`` (tokens per sequence), else None."""
+    opts = getattr(req, "options", None)
+    return getattr(opts, "num_ctx", None) if opts is not None else None
+
+
 def fmt_keep_alive(secs: float) -> str:
     return "forever" if secs == FOREVER else f"{secs:g}s"
 
@@ -142,9 +162,10 @@ class Planned:
 
 
 class Loader(Protocol):
-    """How the registry plans and loads (``PlannerLoader``; tests inject a fake)."""
+    """How the registry plans and loads (``PlannerLoader``; tests inject a fake). ``n_ctx``: the context a
+    request asked for (tokens per sequence; None: the server's)."""
 
-    def plan(self, path: str) -> Planned: ...
+    def plan(self, path: str, n_ctx: int | None = None) -> Planned: ...
 
     def load(self, planned: Planned) -> Any: ...  # → an Engine
 
@@ -167,11 +188,21 @@ class Resident:
     load_s: float = 0.0
     loaded_at: float = field(default_factory=time.time)
     unloading: bool = False
+    reloading: bool = False  # a request asked another context: new requests wait for the reload
 
     def names(self) -> set[str]:
         path = self.state.engine.model_path.rstrip("/")
         base = Path(path).name
         return {self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"), path, self.key}
+
+    def serves_ctx(self, n_ctx: int | None) -> bool:
+        """Whether a request asking ``n_ctx`` tokens of context (Ollama's ``options.num_ctx``; None: any) is
+        served by this resident as loaded: it is what the load asked for, or what the engine has. A model
+        loaded with less than asked (the planner's cut) is not reloaded for the same ask again."""
+        if n_ctx is None:
+            return True
+        asked = self.planned.asked.get("n_ctx") if self.planned is not None else None
+        return n_ctx in (asked, self.state.engine.n_ctx)
 
     def asked_given(self) -> dict | None:
         """{"asked", "given", "reasons"} when the plan gives less than asked, else None."""
@@ -266,30 +297,47 @@ class ModelRegistry:
     # ------------------------------------------------------------------ requests
     async def routed(self, request, schema, *, lenient_type: bool = False) -> tuple[ServerState, Any]:
         """The body validated as ``schema``, and the state of the model its ``model`` field names (loaded
-        and leased for this request; a ``keep_alive`` field applies when the request ends)."""
+        and leased for this request). A ``keep_alive`` field (Ollama's) or ``ttl`` (LM Studio's, seconds)
+        applies when the request ends; ``options.num_ctx`` (Ollama's) asks for a context (``state_for``)."""
         req = await self.reader.parse(request, schema, lenient_type=lenient_type)
-        keep = parse_keep_alive(getattr(req, "keep_alive", None))
-        return await self.state_for(request, getattr(req, "model", None), keep_alive_s=keep), req
+        keep = request_keep_alive(req)
+        return await self.state_for(request, getattr(req, "model", None), keep_alive_s=keep,
+                                    n_ctx=request_n_ctx(req)), req
 
-    async def state_for(self, request, name: str | None, *, keep_alive_s: float | None = None) -> ServerState:
+    async def state_for(self, request, name: str | None, *, keep_alive_s: float | None = None,
+                        n_ctx: int | None = None) -> ServerState:
         """The ``ServerState`` of the model ``name`` picks, loading it first when needed; the request holds
-        it (never evicted) until its response ends (``release``). Raises ModelNotFoundError, RequestError
-        (it cannot fit even alone), ModelsBusyError, load errors."""
+        it (never evicted) until its response ends (``release``). ``n_ctx`` (tokens per sequence: Ollama's
+        ``num_ctx``): a resident loaded with another context is reloaded with this one, as Ollama does, once
+        its requests end (this request waits, at most ``load_wait_s``; requests arriving meanwhile wait for
+        the reload). Raises ModelNotFoundError, RequestError (it cannot fit even alone; a bad ``n_ctx``),
+        ModelsBusyError, load errors."""
+        if n_ctx is not None and n_ctx < 1:
+            raise RequestError(f"'num_ctx' must be a positive number of tokens, got {n_ctx}", param="num_ctx")
         key = await self.resolve(name)
         self._wanted[key] += 1
         try:
             while True:
                 r = self.residents.get(key)
-                if r is not None and not r.unloading:
+                live = r is not None and not r.unloading
+                fut = self._loading.get(key)
+                if live and r.reloading and fut is not None:  # another request's reload: wait for it
+                    try:
+                        await asyncio.shield(fut)
+                    except ModelsBusyError:
+                        if self._reloadable(r, n_ctx):
+                            raise  # the reload this request needs too did not happen
+                    continue  # (any other context serves: the model as it was, if the reload gave up)
+                if live and not self._reloadable(r, n_ctx):
                     r.refs += 1
                     r.last_used = time.monotonic()
                     r.expires_at = None
                     leases = request.scope.setdefault(LEASES, [])
                     leases.append(Lease(r, keep_alive_s))
                     return r.state
-                fut = self._loading.get(key)
                 if fut is None:
-                    fut = self._loading[key] = asyncio.ensure_future(self._load(key, name))
+                    job = self._reload(r, name, n_ctx) if live else self._load(key, name, n_ctx)
+                    fut = self._loading[key] = asyncio.ensure_future(job)
                     fut.add_done_callback(lambda f, k=key: self._loading.pop(k, None)
                                           if self._loading.get(k) is f else None)
                 await asyncio.shield(fut)
@@ -374,13 +422,40 @@ class ModelRegistry:
         self._missing.clear()
 
     # ------------------------------------------------------------------ load / unload
-    async def _load(self, key: str, name: str | None) -> Resident:
+    def _reloadable(self, r: Resident, n_ctx: int | None) -> bool:
+        """A request asking ``n_ctx`` needs ``r`` reloaded: another context, and the registry can load it
+        (a model handed to ``create_app`` is served as it is)."""
+        return not r.serves_ctx(n_ctx) and r.owned and self.loader is not None
+
+    async def _reload(self, r: Resident, name: str | None, n_ctx: int) -> Resident:
+        """Unload ``r`` once its requests end (new ones wait for this reload), then load it with ``n_ctx``.
+        Raises ModelsBusyError (still busy after ``load_wait_s``), load errors."""
+        r.reloading = True
+        try:
+            deadline = time.monotonic() + self.load_wait_s
+            while r.refs or r.state.scheduler.n_running or r.state.scheduler.n_waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ModelsBusyError(r.model_id, f"it is still serving requests at its context of "
+                                          f"{r.state.engine.n_ctx} tokens (asked: {n_ctx})")
+                await self._wait_change(left)
+            log.info("reloading %s: a request asks n_ctx %d (it has %d)", r.model_id, n_ctx, r.state.engine.n_ctx)
+            pinned, keep = r.pinned, r.keep_alive_s
+            self._begin_unload(r)
+            await self._finish_unload(r, "reload")
+        finally:
+            r.reloading = False
+        new = await self._load(r.key, name, n_ctx)
+        new.pinned, new.keep_alive_s = new.pinned or pinned, keep
+        return new
+
+    async def _load(self, key: str, name: str | None, n_ctx: int | None = None) -> Resident:
         from starlette.concurrency import run_in_threadpool
 
         if self.loader is None:
             raise ModelNotFoundError(name or key, hint="this server serves only the models it was started with")
         t0 = time.perf_counter()
-        planned = await run_in_threadpool(self.loader.plan, key)
+        planned = await run_in_threadpool(self.loader.plan, key, n_ctx)
         planned.plan_s = time.perf_counter() - t0
         self._check_alone(name or key, planned)
         await self._make_room(key, name or key, planned.need)
@@ -594,6 +669,7 @@ class ModelRegistry:
         mid = opts.model_id or Path(engine.model_path).name.removesuffix(".gguf")
         view = self.metrics.for_model(mid, engine.n_parallel, engine.n_ctx * engine.n_parallel)
         view.watch_kv_cache(engine.kv_cache if engine.backend == "llamacpp" else None)  # --cache-ram/--cache-dir
+        view.watch_speculation(engine)  # serve --spec: drafted / accepted tokens in /metrics
         return ServerState(engine, self.settings, replace(opts, model_id=mid), view, factory, reader=self.reader)
 
     def _on_loaded(self, r: Resident) -> None:

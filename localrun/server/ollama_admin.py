@@ -100,13 +100,14 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
 
 
 async def load_or_unload(reg: ModelRegistry, request: Request, name: str | None,
-                         keep_alive_s: float | None) -> tuple[str, str]:
+                         keep_alive_s: float | None, n_ctx: int | None = None) -> tuple[str, str]:
     """An empty prompt: ``keep_alive`` 0 unloads the model (if loaded), anything else loads it (and sets its
-    keep-alive). → (the model's name, Ollama's ``done_reason``: "unload" | "load")."""
+    keep-alive; ``n_ctx``: with that context, reloading it if needed). → (the model's name, Ollama's
+    ``done_reason``: "unload" | "load")."""
     if keep_alive_s == 0:
         await reg.unload(name or "default")
         return name or "", "unload"
-    st = await reg.state_for(request, name, keep_alive_s=keep_alive_s)
+    st = await reg.state_for(request, name, keep_alive_s=keep_alive_s, n_ctx=n_ctx)
     return st.model_id, "load"
 
 

@@ -18,7 +18,7 @@ from localrun.dialects import Delta, ToolCallEnd, ToolCallStart
 from localrun.errors import LocalrunError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError
-from localrun.server.models import ModelRegistry, parse_keep_alive
+from localrun.server.models import ModelRegistry, parse_keep_alive, request_n_ctx
 from localrun.server.reply import Finish, Reply, ReplyOptions, collect_reply, family_of, prepare_chat, reply_events
 from localrun.server.runtime import ServerState
 from localrun.server.schemas import OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
@@ -82,10 +82,10 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         req = await reg.reader.parse(request, OllamaChatRequest, lenient_type=True)
         keep = parse_keep_alive(req.keep_alive)
         if not req.messages:  # Ollama: an empty chat loads the model (keep_alive 0: unloads it)
-            name, reason = await ollama_admin.load_or_unload(reg, request, req.model, keep)
+            name, reason = await ollama_admin.load_or_unload(reg, request, req.model, keep, request_n_ctx(req))
             return {"model": name, "created_at": cv.ollama_now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": reason, "done": True}
-        st = await reg.state_for(request, req.model, keep_alive_s=keep)
+        st = await reg.state_for(request, req.model, keep_alive_s=keep, n_ctx=request_n_ctx(req))
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         for m in req.messages:
@@ -142,10 +142,10 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         req = await reg.reader.parse(request, OllamaGenerateRequest, lenient_type=True)
         keep = parse_keep_alive(req.keep_alive)
         if not req.prompt and not req.system:  # Ollama: loads the model (keep_alive 0: unloads it)
-            name, reason = await ollama_admin.load_or_unload(reg, request, req.model, keep)
+            name, reason = await ollama_admin.load_or_unload(reg, request, req.model, keep, request_n_ctx(req))
             return {"model": name, "created_at": cv.ollama_now(), "response": "", "done": True,
                     "done_reason": reason}
-        st = await reg.state_for(request, req.model, keep_alive_s=keep)
+        st = await reg.state_for(request, req.model, keep_alive_s=keep, n_ctx=request_n_ctx(req))
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         _no_images(req.images)
         # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory

@@ -103,7 +103,7 @@ class _SamplingFields(WireModel):
 
     _ignored = frozenset({"user", "store", "metadata", "service_tier", "modalities", "audio", "prediction",
                           "web_search_options", "functions", "function_call", "best_of",
-                          "cache_prompt", "safety_identifier", "prompt_cache_key", "verbosity", "keep_alive"})
+                          "cache_prompt", "safety_identifier", "prompt_cache_key", "verbosity"})
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -127,6 +127,10 @@ class _SamplingFields(WireModel):
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(default=1, ge=1)
     ignore_eos: StrictBool = False  # llama-server's / vLLM's extension
+    # how long the model stays loaded after this request (models.request_keep_alive): Ollama's keep_alive
+    # ("5m", seconds, 0 = unload now, negative = never) and LM Studio's ttl (seconds), as extensions
+    keep_alive: Any = None
+    ttl: Any = None
     # structured output (at most one; convert.constraint_for): llama-server's JSON Schema and GBNF fields,
     # and localrun's regex extension (Rust regex syntax, the whole output must match)
     json_schema: dict[str, Any] | None = None
@@ -199,7 +203,7 @@ class OllamaOptions(WireModel):
     stop_loops: StrictBool | None = None  # localrun's loop guard
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    num_ctx: StrictInt | None = None  # ignored: the context is fixed at load time
+    num_ctx: StrictInt | None = None  # tokens per sequence: a resident with another context reloads (models.py)
 
 
 class OllamaMessage(ChatMessageIn):
