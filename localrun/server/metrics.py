@@ -10,6 +10,8 @@ histograms, ``_bytes`` gauges.
 Per model: requests, tokens, TTFT / inter-token latency, queue depth, active sequences, KV cells, prefix cache;
 KV-cache tiers (``backends/kv_cache.py``, read at scrape time): snapshot hits per tier (``ram``, ``disk``),
 misses, bytes held per tier, restore seconds, corrupt files dropped;
+speculative decoding (``backends/llamacpp_spec.py``, read at scrape time from the engine's totals since it
+loaded): drafted tokens and accepted tokens (counters), verify steps;
 residency: loads, unloads (by reason), evictions, load (cold start) seconds, resident bytes per tier
 (``vram``, ``ram``: the planner's numbers for the loaded plan).
 """
@@ -63,6 +65,8 @@ class ServerMetrics:
         self.models_loaded = Gauge("localrun_models_loaded", "Resident models", registry=r)
         self.kv_caches: dict[str, object] = {}  # model → backends.kv_cache.KVCache (ModelMetrics.watch_kv_cache)
         r.register(_KVTierCollector(self.kv_caches))
+        self.spec_engines: dict[str, object] = {}  # model → engine with ``.speculation`` (watch_speculation)
+        r.register(_SpecCollector(self.spec_engines))
 
     def for_model(self, model: str, n_parallel: int, kv_cells_total: int) -> "ModelMetrics":
         """The view one model's scheduler updates (its gauges start at 0)."""
@@ -117,9 +121,15 @@ class ModelMetrics:
         if cache is not None:
             self.parent.kv_caches[self.model] = cache
 
+    def watch_speculation(self, engine) -> None:
+        """Report ``engine``'s speculative decoding totals (``engine.speculation.totals()``, read at scrape
+        time; nothing while ``engine.speculation`` is None or absent) as this model's series."""
+        self.parent.spec_engines[self.model] = engine
+
     def drop_gauges(self) -> None:
         """The model was unloaded: its gauges leave /metrics (its counters stay: they are history)."""
         self.parent.kv_caches.pop(self.model, None)
+        self.parent.spec_engines.pop(self.model, None)
         for name in self._GAUGES:
             try:
                 getattr(self.parent, name).remove(self.model)
@@ -170,3 +180,34 @@ class _KVTierCollector:
             size.add_metric([model, "ram"], cache.ram_used_bytes)
             size.add_metric([model, "disk"], cache.disk_used_bytes)
         return [hits, misses, restore, restored, corrupt, size]
+
+
+class _SpecCollector:
+    """Speculative decoding's series, read from each model's ``engine.speculation.totals()`` when /metrics
+    is scraped (``localrun_spec_draft_tokens_total``, ``localrun_spec_accepted_tokens_total``,
+    ``localrun_spec_verify_steps_total``; since the model loaded). A model without speculation has none."""
+
+    def __init__(self, engines: dict) -> None:
+        self.engines = engines
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        drafted = CounterMetricFamily("localrun_spec_draft_tokens", "Tokens drafted by speculative decoding "
+                                      "(prompt lookup or a draft model) and verified by the model", labels=["model"])
+        accepted = CounterMetricFamily("localrun_spec_accepted_tokens", "Drafted tokens the model kept",
+                                       labels=["model"])
+        steps = CounterMetricFamily("localrun_spec_verify_steps", "Decode steps that verified drafted tokens",
+                                    labels=["model"])
+        for model, engine in list(self.engines.items()):
+            spec = getattr(engine, "speculation", None)
+            totals = spec.totals() if spec is not None else None
+            if not totals:
+                continue
+            drafted.add_metric([model], totals.get("draft_tokens", 0))
+            accepted.add_metric([model], totals.get("accepted_tokens", 0))
+            steps.add_metric([model], totals.get("verify_steps", 0))
+        return [drafted, accepted, steps]
