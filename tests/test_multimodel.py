@@ -185,6 +185,47 @@ def test_keep_alive_zero_unloads_and_frees_memory(tmp_path, gemma_path, smollm_p
         srv.stop()
 
 
+def test_num_ctx_reloads_and_keep_alive_on_the_openai_routes(tmp_path, smollm_path):
+    """Ollama's num_ctx reloads the model with that context (llama.cpp's own n_ctx, per sequence); keep_alive
+    and LM Studio's ttl on /v1/chat/completions and /v1/completions."""
+    srv, reg = serve(tmp_path)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as http:
+            def generate(**options):
+                r = http.post("/api/generate", json={"model": str(smollm_path), "prompt": "Once upon a time",
+                                                     "raw": True, "stream": False,
+                                                     "options": {"num_predict": 2, **options}})
+                assert r.status_code == 200, r.text
+                return r
+
+            generate()
+            assert http.get("/api/ps").json()["models"][0]["context_length"] == N_CTX
+            r = generate(num_ctx=256)
+            assert "x-localrun-given" not in r.headers  # given what was asked
+            assert http.get("/api/ps").json()["models"][0]["context_length"] == 256
+            assert reg.residents[str(smollm_path)].state.engine.n_ctx == 256  # what llama.cpp allocated
+            generate(num_ctx=256)
+            generate()
+            text = http.get("/metrics").text
+            assert metric_value(text, "localrun_model_loads_total") == 2
+            assert metric_value(text, "localrun_model_unloads_total", reason="reload") == 1
+
+            r = http.post("/v1/chat/completions", json={"model": str(smollm_path), "max_tokens": 2, "keep_alive": 0,
+                                                        "messages": [{"role": "user", "content": "Say hi."}]})
+            assert r.status_code == 200, r.text
+            deadline = time.monotonic() + 60
+            while http.get("/api/ps").json()["models"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert http.get("/api/ps").json()["models"] == []  # unloaded when the request ended
+            r = http.post("/v1/completions", json={"model": str(smollm_path), "prompt": "Hi", "max_tokens": 2,
+                                                   "ttl": 3600})
+            assert r.status_code == 200, r.text
+            m = http.get("/api/ps").json()["models"][0]
+            assert m["localrun"]["keep_alive"] == "3600s" and m["context_length"] == N_CTX
+    finally:
+        srv.stop()
+
+
 def test_a_model_too_big_even_alone_gets_the_planners_reasons(tmp_path, smollm_path):
     srv, reg = serve(tmp_path, max_ram_bytes=20 << 20)
     try:
