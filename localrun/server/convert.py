@@ -290,10 +290,13 @@ def ollama_final_fields(stats: Stats | None, finish: str | None, t_total_s: floa
     """Ollama's closing fields; durations are nanoseconds (api/types.go ``Metrics``)."""
     s = stats or Stats()
     ns = lambda x: int(x * 1e9)  # noqa: E731
-    return {"done": True, "done_reason": _finish(finish) or "stop", "total_duration": ns(t_total_s),
-            "load_duration": 0, "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
-            "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens,
-            "eval_duration": ns(s.decode_s)}
+    out = {"done": True, "done_reason": _finish(finish) or "stop", "total_duration": ns(t_total_s),
+           "load_duration": 0, "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
+           "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens,
+           "eval_duration": ns(s.decode_s)}
+    if s.draft_tokens:  # localrun's extension, as in OpenAI ``usage.speculative``
+        out["speculative"] = usage(s)["speculative"]
+    return out
 
 
 def ollama_details(spec) -> dict:
