@@ -133,3 +133,19 @@ def test_vocabulary_check_names_the_difference():
     with pytest.raises(VocabularyMismatchError, match="token 970") as e:
         check_same_vocab(_Spec(base), _Spec(other))
     assert "--spec ngram" in e.value.hint
+
+
+def test_serve_spec_flags_are_checked_at_start_up(tmp_path):
+    from localrun.errors import ConfigError, ModelNotFoundError
+    from localrun.server.spec_options import SpecOptions
+
+    with pytest.raises(ConfigError, match="--spec") as e:
+        SpecOptions("sometimes").check(tmp_path)
+    assert "auto" in e.value.hint
+    with pytest.raises(ConfigError, match="--draft-model"):
+        SpecOptions("draft").check(tmp_path)
+    with pytest.raises(ModelNotFoundError):
+        SpecOptions("auto", str(tmp_path / "missing.gguf")).check(tmp_path)
+    assert SpecOptions("ngram", "whatever", 3).check(tmp_path) == SpecOptions("ngram", None, 3)  # not needed: unread
+    assert SpecOptions("off").for_model(tmp_path / "m.gguf") == {"spec_mode": "off", "draft_model": None,
+                                                                  "draft_max": None}

@@ -142,6 +142,13 @@ def register(app: typer.Typer) -> None:
                                                  help="Folder for the disk tier of KV snapshots (kept across "
                                                       "restarts; one subfolder per model)."),
         cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Disk budget of --cache-dir, per model."),
+        spec_mode: str = typer.Option("auto", "--spec", metavar="auto|ngram|draft|off",
+            help="Speculative decoding (llama.cpp): prompt lookup or a draft model, verified inside the batch; "
+                 "auto turns itself off where it would lose. Greedy output is the same either way."),
+        draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
+            help="A small model with the same vocabulary, drafting for the models that share it (--spec)."),
+        draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
+            help="Drafted tokens per verify step at most (default 8; the engine adapts below it)."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
         rpc: Optional[str] = typer.Option(None, "--rpc", help="RPC workers host:port,… (`localrun worker`, "
             "llama.cpp rpc-server) to split the model over, planned per device; the model then runs in a runner "
@@ -177,6 +184,9 @@ def register(app: typer.Typer) -> None:
         residency = parse_residency(keep_alive, max_memory, max_vram, max_models, pin, load_timeout)
         kv_tiers = parse_kv_tiers(cache_ram, cache_dir, cache_disk)
         settings = get_settings(host=host, port=port, api_key=api_key)
+        from localrun.server.spec_options import SpecOptions
+
+        speculation = SpecOptions(spec_mode, draft_model, draft_max).check(settings.models_dir)
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
         if rpc and not rpc_runner:  # llama.cpp's RPC client aborts its process when a worker dies: a runner
@@ -196,7 +206,8 @@ def register(app: typer.Typer) -> None:
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
                    stop_loops=stop_loops, reasoning_budget=reasoning_budget,
-                   hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers)
+                   hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers,
+                   speculation=speculation)
 
 
 def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str | None,
@@ -246,7 +257,7 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
                   force: bool = False, keep_alive_s: float | None = None, keep_alive_by_model: dict | None = None,
                   pins: tuple = (), max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
                   max_models: int | None = None, load_wait_s: float = 120.0, hardware=None,
-                  kv_tiers: dict | None = None, n_gpu_layers: int | None = None):
+                  kv_tiers: dict | None = None, n_gpu_layers: int | None = None, speculation=None):
     """The server's ``ModelRegistry``: the machine probed once (``hardware``, default: now), its free memory
     capped by ``max_ram_bytes``/``max_vram_bytes`` as the budget every model is planned against."""
     from localrun.machine.hardware import probe_hardware
@@ -260,6 +271,7 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
                            flash_attn=flash_attn, n_threads=threads, force=force)
     loader.kv_tiers = kv_tiers
     loader.n_gpu_layers = n_gpu_layers
+    loader.speculation = speculation  # server.spec_options.SpecOptions (--spec), None: off
     return ModelRegistry(settings, options, ServerMetrics(), loader=loader, budget=budget,
                          keep_alive_s=DEFAULT_KEEP_ALIVE_S if keep_alive_s is None else keep_alive_s,
                          keep_alive_by_model=keep_alive_by_model, pins=pins, load_wait_s=load_wait_s)
@@ -288,9 +300,11 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
-               kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None) -> None:
+               kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None,
+               speculation=None) -> None:
     """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers);
-    ``n_gpu_layers``: layer slots on the GPUs / RPC workers (None: the plan's)."""
+    ``n_gpu_layers``: layer slots on the GPUs / RPC workers (None: the plan's); ``speculation``: a
+    ``server.spec_options.SpecOptions`` (--spec/--draft-model/--draft-max; None: off)."""
     import logging
 
     from localrun.backends.serial import serving_mode
@@ -308,7 +322,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
                         flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, hardware=hardware,
-                        n_gpu_layers=n_gpu_layers, **residency)
+                        n_gpu_layers=n_gpu_layers, speculation=speculation, **residency)
     pins = list(residency.get("pins") or ())
     reg.loader.warm_up()  # the load path's imports now, not on the first request's clock
     if chat_template:

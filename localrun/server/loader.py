@@ -42,6 +42,7 @@ class PlannerLoader:
         self.force = force
         self.templates: dict[str, str] = {}  # path_key → --chat-template (by name or file)
         self.kv_tiers: dict | None = None  # --cache-ram/--cache-dir/--cache-disk: kv_cache.attach_kv_cache keywords
+        self.speculation = None  # serve --spec/--draft-model/--draft-max: server.spec_options.SpecOptions
 
     def warm_up(self) -> float:
         """Do the load path's one-time, model-independent work now (``localrun serve`` calls it at start-up),
@@ -85,7 +86,8 @@ class PlannerLoader:
         prep = plan_load(path, backend=self.backend, n_ctx=n_ctx, n_parallel=1 if serial else self.n_parallel,
                          kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
                          chat_template=self.templates.get(path), force=self.force, n_gpu_layers=self.n_gpu_layers,
-                         models_dir=self.settings.models_dir, hardware=self.hardware, warn=False)
+                         models_dir=self.settings.models_dir, hardware=self.hardware, warn=False,
+                         **(self.speculation.for_model(path) if self.speculation else {}))
         plan, spec = prep.plan, prep.spec
         hw = self.hardware.to_dict() if hasattr(self.hardware, "to_dict") else None
         if spec is None:  # an MLX folder: its files are what it holds
