@@ -12,7 +12,7 @@ pytestmark = pytest.mark.model
 MiB = 1 << 20
 
 
-def serve(tmp_path, cache_dir):
+def serve(tmp_path, cache_dir, *, parallel=2, templates=None):
     from localrun.commands.serve import make_registry, parse_kv_tiers
     from localrun.config import Settings
     from localrun.server.app import create_app
@@ -20,8 +20,10 @@ def serve(tmp_path, cache_dir):
 
     settings = Settings(home=tmp_path, models_dir=tmp_path / "models")
     opts = ServeOptions()
-    reg = make_registry(settings, opts, parallel=2, ctx=1024, threads=1,
+    reg = make_registry(settings, opts, parallel=parallel, ctx=1024, threads=1,
                         kv_tiers=parse_kv_tiers("64MiB", cache_dir, "256MiB"))
+    for path, name in (templates or {}).items():
+        reg.loader.set_template(path, name)
     return ServerThread(create_app(None, settings, opts, registry=reg)), reg
 
 
@@ -60,3 +62,36 @@ def test_restart_restores_the_prefix_from_disk(tmp_path, smollm_path):
     finally:
         srv.stop()
         reg.close()
+
+
+def test_gemma_chat_with_the_same_system_prompt_restores_its_snapshot(tmp_path, gemma_path):
+    """One slot, Gemma-3 (sliding window: a snapshot resumes only where it was taken): a chat, another
+    client's prompt on the slot, then a chat with the same system prompt and another question: it restores
+    the snapshot taken at the system prompt's end (mid-prefill of the first chat) and evaluates only its
+    own turn."""
+    system = "You are a careful assistant. Inventory: " + " ".join(
+        f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(70))
+    srv, reg = serve(tmp_path, None, parallel=1, templates={gemma_path: "gemma"})
+    try:
+        with httpx.Client(base_url=srv.url, timeout=600) as http:
+            usage = []
+            for question in ("What colour is item 7?", None, "How many of the boxes are green, and which?"):
+                if question is None:  # another client takes the slot
+                    complete(http, gemma_path, "The weather in spring is mild, with rain in April. " * 6, n=1)
+                    continue
+                r = http.post("/v1/chat/completions", json={
+                    "model": str(gemma_path), "max_tokens": 2, "temperature": 0,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]})
+                assert r.status_code == 200, r.text
+                usage.append(r.json()["usage"])
+            text = http.get("/metrics").text
+            model = r.json()["model"]
+    finally:
+        srv.stop()
+        reg.close()
+    first, second = usage
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert 512 < cached < second["prompt_tokens"] - 8  # past the window: the system prompt, not the turn
+    assert second["prompt_tokens"] - cached <= 24  # evaluated: the user's turn and the model header
+    assert metric_value(text, "localrun_kv_tier_hits_total", model=model, tier="ram") == 1
