@@ -14,9 +14,11 @@ from helpers import metric_value
 
 from localrun.config import Settings
 from localrun.server.app import create_app
+from localrun.server.budget import Budget, Need
 from localrun.server.errors import RequestError
+from localrun.server.keepalive import parse_keep_alive
 from localrun.server.metrics import ServerMetrics
-from localrun.server.models import Budget, ModelRegistry, Need, Planned, parse_keep_alive
+from localrun.server.models import ModelRegistry, Planned
 from localrun.server.runtime import ServeOptions
 
 TIMEOUT_S = 10.0

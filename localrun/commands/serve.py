@@ -215,7 +215,7 @@ def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str
     """The multi-model flags → ``make_registry`` keywords. Raises ConfigError naming the flag."""
     from localrun.errors import ConfigError
     from localrun.server.errors import RequestError
-    from localrun.server.models import DEFAULT_KEEP_ALIVE_S, parse_keep_alive
+    from localrun.server.keepalive import DEFAULT_KEEP_ALIVE_S, parse_keep_alive
     from localrun.units import parse_bytes
 
     default, per_model = DEFAULT_KEEP_ALIVE_S, {}
@@ -261,9 +261,10 @@ def make_registry(settings, options, *, parallel: int = 4, ctx: int | None = Non
     """The server's ``ModelRegistry``: the machine probed once (``hardware``, default: now), its free memory
     capped by ``max_ram_bytes``/``max_vram_bytes`` as the budget every model is planned against."""
     from localrun.machine.hardware import probe_hardware
+    from localrun.server.keepalive import DEFAULT_KEEP_ALIVE_S
     from localrun.server.loader import PlannerLoader, budget_hardware
     from localrun.server.metrics import ServerMetrics
-    from localrun.server.models import DEFAULT_KEEP_ALIVE_S, ModelRegistry
+    from localrun.server.models import ModelRegistry
 
     hw, budget = budget_hardware(hardware or probe_hardware(settings.models_dir), max_ram_bytes=max_ram_bytes,
                                  max_vram_bytes=max_vram_bytes, max_models=max_models)

@@ -10,7 +10,8 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from localrun.server.models import Budget, Need, Planned, path_key
+from localrun.server.budget import Budget, Need
+from localrun.server.models import Planned, path_key
 
 log = logging.getLogger("localrun.server")
 

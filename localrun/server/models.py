@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -38,74 +36,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localrun.errors import LocalrunError, ModelNotFoundError
+from localrun.server.budget import Budget, Need, budget_text, need_text
 from localrun.server.errors import QueueFullError, RequestError
+from localrun.server.keepalive import DEFAULT_KEEP_ALIVE_S, FOREVER, fmt_keep_alive, request_keep_alive, request_n_ctx
 from localrun.server.runtime import BodyReader, ServeOptions, ServerState
 
 log = logging.getLogger("localrun.server")
 
 LEASES = "localrun.leases"  # the ASGI scope key holding a request's leases (set by app.py's gate)
-FOREVER = math.inf
-DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's default: 5 minutes
-_GO_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+")
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_GO_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_keep_alive(value: Any, param: str = "keep_alive") -> float | None:
-    """Ollama's ``keep_alive`` → seconds (``FOREVER`` for a negative value; None when absent).
-
-    A number is seconds; a string is a Go duration (``"5m"``, ``"1h30m"``, ``"300ms"``, ``"-1m"``,
-    ``"0"``) or a number of seconds (``"300"``). api/types.go ``Duration.UnmarshalJSON`` is the source.
-    Raises RequestError naming ``param`` for anything else."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise RequestError(f"'{param}' must be a duration such as \"5m\" or a number of seconds", param=param)
-    if isinstance(value, (int, float)):
-        secs = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
-        try:
-            secs = float(text)
-        except ValueError:
-            if not _GO_DURATION.fullmatch(body):
-                raise RequestError(f"'{param}': cannot read {value!r} as a duration",
-                                   param=param, hint='use e.g. "5m", "1h", "30s", 0 (unload now) or -1 (never)'
-                                   ) from None
-            secs = sign * sum(float(n) * _GO_UNIT_S[u] for n, u in _GO_PART.findall(body))
-    else:
-        raise RequestError(f"'{param}' must be a duration such as \"5m\" or a number of seconds", param=param)
-    if not math.isfinite(secs) and secs > 0:
-        return FOREVER
-    return FOREVER if secs < 0 else secs
-
-
-def request_keep_alive(req) -> float | None:
-    """A request body's keep-alive, seconds: ``keep_alive`` (Ollama's, also read on the OpenAI routes as an
-    extension), else ``ttl`` (LM Studio's, seconds on its OpenAI routes; ``-1``: never). None: neither.
-    Raises RequestError naming the field."""
-    keep = parse_keep_alive(getattr(req, "keep_alive", None))
-    if keep is None:
-        ttl = getattr(req, "ttl", None)
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
-            raise RequestError("'ttl' must be a number of seconds", param="ttl",
-                               hint="e.g. 300 (five minutes), 0 (unload when the request ends), -1 (never)")
-        keep = parse_keep_alive(ttl, "ttl")
-    return keep
-
-
-def request_n_ctx(req) -> int | None:
-    """The context a request body asks for: Ollama's ``options.num_ctx`` (tokens per sequence), else None."""
-    opts = getattr(req, "options", None)
-    return getattr(opts, "num_ctx", None) if opts is not None else None
-
-
-def fmt_keep_alive(secs: float) -> str:
-    return "forever" if secs == FOREVER else f"{secs:g}s"
-
-
 class ModelsBusyError(QueueFullError):
     """A model cannot load before ``load_wait_s``: the memory it needs is held by models serving requests
     (503 with Retry-After)."""
@@ -114,34 +52,6 @@ class ModelsBusyError(QueueFullError):
         LocalrunError.__init__(self, f"cannot load {name} now: {why}",
                                hint="retry later; the models holding the memory are serving requests")
         self.retry_after_s = retry_after_s
-
-
-@dataclass
-class Need:
-    """What a resident holds by the planner, bytes: ``vram_bytes`` on GPU 0, ``ram_bytes`` in RAM (anonymous
-    memory + the mmapped weights resident in the page cache: ``Plan.ram_bytes``)."""
-
-    vram_bytes: int = 0
-    ram_bytes: int = 0
-
-    def __add__(self, other: "Need") -> "Need":
-        return Need(self.vram_bytes + other.vram_bytes, self.ram_bytes + other.ram_bytes)
-
-
-@dataclass
-class Budget:
-    """What the server may hold, bytes (``None``: no GPU budget / no limit); ``max_models`` a count cap."""
-
-    ram_bytes: int | None = None
-    vram_bytes: int | None = None
-    max_models: int | None = None
-
-    def fits(self, used: Need, n_models: int) -> bool:
-        if self.max_models is not None and n_models > self.max_models:
-            return False
-        if self.ram_bytes is not None and used.ram_bytes > self.ram_bytes:
-            return False
-        return self.vram_bytes is None or used.vram_bytes <= self.vram_bytes
 
 
 @dataclass
@@ -286,8 +196,8 @@ class ModelRegistry:
         used = self._used() + planned.need
         if not self.budget.fits(used, len(self.residents) + 1):
             raise InsufficientMemoryError(
-                f"{name} does not fit next to the models loaded before it ({_need_text(used)} > "
-                f"{_budget_text(self.budget)})", hint="raise --max-memory/--max-vram/--max-models, or name fewer "
+                f"{name} does not fit next to the models loaded before it ({need_text(used)} > "
+                f"{budget_text(self.budget)})", hint="raise --max-memory/--max-vram/--max-models, or name fewer "
                 "models at start-up (the others load on first request)")
         engine = self.loader.load(planned)
         mid = model_id or _model_id(name, engine.model_path)
@@ -479,9 +389,9 @@ class ModelRegistry:
         alone_ok = self.budget.fits(planned.need, 1)
         if planned.fits and alone_ok:
             return
-        why = "; ".join(planned.reasons[:6]) or f"it needs {_need_text(planned.need)}"
+        why = "; ".join(planned.reasons[:6]) or f"it needs {need_text(planned.need)}"
         raise RequestError(f"{name} cannot be loaded by this server even alone: it needs "
-                           f"{_need_text(planned.need)}, the server may use {_budget_text(self.budget)} ({why})",
+                           f"{need_text(planned.need)}, the server may use {budget_text(self.budget)} ({why})",
                            param="model", code="model_too_large",
                            hint="pick a smaller quantization or model, or restart the server with a larger "
                            "--max-memory/--max-vram or a shorter --ctx")
@@ -505,7 +415,7 @@ class ModelRegistry:
             left = deadline - time.monotonic()
             if left <= 0:
                 busy = [r.model_id for r in self.residents.values() if not self._idle(r)]
-                raise ModelsBusyError(name, f"it needs {_need_text(need)} and the models using the memory "
+                raise ModelsBusyError(name, f"it needs {need_text(need)} and the models using the memory "
                                       f"are busy ({', '.join(busy) or 'loading'}) after {self.load_wait_s:g} s")
             await self._wait_change(left)
 
@@ -522,7 +432,7 @@ class ModelRegistry:
                 return None
             r = idle.pop(0)
             out.append(r)
-            used = Need(used.vram_bytes - r.need.vram_bytes, used.ram_bytes - r.need.ram_bytes)
+            used = used - r.need
             n -= 1
         return out
 
@@ -745,16 +655,3 @@ def _fmt(n: int) -> str:
     from localrun.units import fmt_bytes
 
     return fmt_bytes(n)
-
-
-def _need_text(n: Need) -> str:
-    return f"{_fmt(n.ram_bytes)} of RAM" + (f" and {_fmt(n.vram_bytes)} of VRAM" if n.vram_bytes else "")
-
-
-def _budget_text(b: Budget) -> str:
-    parts = [f"{_fmt(b.ram_bytes)} of RAM" if b.ram_bytes is not None else "any RAM"]
-    if b.vram_bytes is not None:
-        parts.append(f"{_fmt(b.vram_bytes)} of VRAM")
-    if b.max_models is not None:
-        parts.append(f"{b.max_models} model{'s' if b.max_models != 1 else ''}")
-    return ", ".join(parts)

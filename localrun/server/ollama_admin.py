@@ -18,8 +18,9 @@ from starlette.responses import Response, StreamingResponse
 from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError
+from localrun.server.keepalive import FOREVER, fmt_keep_alive
 from localrun.server.listing import loadable, tag_entry
-from localrun.server.models import FOREVER, ModelRegistry, Resident, fmt_keep_alive
+from localrun.server.models import ModelRegistry, Resident
 
 
 class _NameRequest(BaseModel):

@@ -18,7 +18,8 @@ from localrun.dialects import Delta, ToolCallEnd, ToolCallStart
 from localrun.errors import LocalrunError
 from localrun.server import convert as cv
 from localrun.server.errors import RequestError
-from localrun.server.models import ModelRegistry, parse_keep_alive, request_n_ctx
+from localrun.server.keepalive import parse_keep_alive, request_n_ctx
+from localrun.server.models import ModelRegistry
 from localrun.server.reply import Finish, Reply, ReplyOptions, collect_reply, family_of, prepare_chat, reply_events
 from localrun.server.runtime import ServerState
 from localrun.server.schemas import OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest

@@ -1,0 +1,89 @@
+"""What a resident model holds and what the server may hold, by the planner's bytes, per memory: RAM and each
+GPU on its own (a model split over two cards holds its share on each, as ``Plan.devices`` says; a model on
+one card leaves the others free). Split from ``server/models.py``, which decides residency with them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Need:
+    """What a resident holds by the planner, bytes: ``vram_by_gpu`` on each GPU (index into
+    ``HardwareProfile.gpus`` → bytes; ``vram_bytes`` their sum) and ``ram_bytes`` in RAM (anonymous memory +
+    the mmapped weights resident in the page cache: ``Plan.ram_bytes``). ``Need(vram_bytes=X)`` alone puts
+    X on GPU 0."""
+
+    vram_bytes: int = 0
+    ram_bytes: int = 0
+    vram_by_gpu: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.vram_by_gpu:
+            self.vram_by_gpu = {i: int(b) for i, b in self.vram_by_gpu.items() if b}
+            self.vram_bytes = sum(self.vram_by_gpu.values())
+        elif self.vram_bytes:
+            self.vram_by_gpu = {0: int(self.vram_bytes)}
+
+    def __add__(self, other: "Need") -> "Need":
+        gpus = dict(self.vram_by_gpu)
+        for i, b in other.vram_by_gpu.items():
+            gpus[i] = gpus.get(i, 0) + b
+        return Need(0, self.ram_bytes + other.ram_bytes, gpus)
+
+    def __sub__(self, other: "Need") -> "Need":
+        gpus = dict(self.vram_by_gpu)
+        for i, b in other.vram_by_gpu.items():
+            gpus[i] = gpus.get(i, 0) - b
+        return Need(0, self.ram_bytes - other.ram_bytes, gpus)
+
+
+@dataclass
+class Budget:
+    """What the server may hold, bytes; ``None``: no limit. ``vram_by_gpu``: each GPU's own budget (index into
+    ``HardwareProfile.gpus`` → bytes); without it, ``vram_bytes`` bounds the VRAM of all GPUs together.
+    ``max_models``: a count cap."""
+
+    ram_bytes: int | None = None
+    vram_bytes: int | None = None
+    max_models: int | None = None
+    vram_by_gpu: dict[int, int] | None = None
+
+    def fits(self, used: Need, n_models: int) -> bool:
+        """Whether ``used`` (the sum of the residents' needs) and ``n_models`` models stay within every cap."""
+        if self.max_models is not None and n_models > self.max_models:
+            return False
+        if self.ram_bytes is not None and used.ram_bytes > self.ram_bytes:
+            return False
+        if self.vram_by_gpu is not None:
+            return all(b <= self.vram_by_gpu.get(i, 0) for i, b in used.vram_by_gpu.items())
+        return self.vram_bytes is None or used.vram_bytes <= self.vram_bytes
+
+
+def need_text(n: Need) -> str:
+    """``n`` in words: "1.2 GiB of RAM and 3.0 GiB of VRAM (GPU 0 1.0 GiB, GPU 1 2.0 GiB)"."""
+    text = f"{_fmt(n.ram_bytes)} of RAM"
+    if n.vram_bytes:
+        text += f" and {_fmt(n.vram_bytes)} of VRAM"
+        if len(n.vram_by_gpu) > 1 or any(i != 0 for i in n.vram_by_gpu):
+            text += " (" + ", ".join(f"GPU {i} {_fmt(b)}" for i, b in sorted(n.vram_by_gpu.items())) + ")"
+    return text
+
+
+def budget_text(b: Budget) -> str:
+    """``b`` in words: "30 GiB of RAM, 23.5 GiB of VRAM on GPU 0 and 23.9 GiB on GPU 1, 2 models"."""
+    parts = [f"{_fmt(b.ram_bytes)} of RAM" if b.ram_bytes is not None else "any RAM"]
+    if b.vram_by_gpu:
+        each = [f"{_fmt(v)} on GPU {i}" for i, v in sorted(b.vram_by_gpu.items())]
+        parts.append("VRAM " + (" and ".join(each) if len(each) <= 2 else ", ".join(each)))
+    elif b.vram_bytes is not None:
+        parts.append(f"{_fmt(b.vram_bytes)} of VRAM")
+    if b.max_models is not None:
+        parts.append(f"{b.max_models} model{'s' if b.max_models != 1 else ''}")
+    return ", ".join(parts)
+
+
+def _fmt(n: int) -> str:
+    from localrun.units import fmt_bytes
+
+    return fmt_bytes(n)
