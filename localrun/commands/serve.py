@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory",
             help="RAM the loaded models may use together, e.g. 8GiB (default: what is free at start-up)."),
         max_vram: Optional[str] = typer.Option(None, "--max-vram",
-            help="VRAM the loaded models may use together (default: what is free at start-up)."),
+            help="VRAM the loaded models may use on each GPU, e.g. 20GiB (default: what is free at start-up)."),
         max_models: Optional[int] = typer.Option(None, "--max-models", min=1,
             help="At most this many models loaded at once (idle ones are unloaded, least recently used first)."),
         load_timeout: float = typer.Option(120.0, "--load-timeout", min=0.0,

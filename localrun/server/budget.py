@@ -60,6 +60,33 @@ class Budget:
         return self.vram_bytes is None or used.vram_bytes <= self.vram_bytes
 
 
+def vram_by_device(plan, hw=None) -> dict[int, int]:
+    """A plan's VRAM on each GPU, bytes, keyed by position in ``hw.gpus``: ``Plan.devices``' totals
+    (offload/devices.py). A layer split numbers its devices in llama.cpp's order (``gpu_list_of``: RPC
+    workers first); one card (``split_mode`` none, or a single GPU) by its position in ``hw.gpus``. A plan
+    without devices puts ``vram_bytes`` on ``main_gpu``; VRAM the devices do not list (a draft model) goes to
+    the first device. Without ``hw`` a split's device numbers are taken as
+    positions in ``hw.gpus`` (right unless RPC workers take part)."""
+    from localrun.offload.devices import gpu_list_of
+
+    devices = [d for d in (getattr(plan, "devices", None) or []) if d.get("total_bytes")]
+    if not devices:
+        vram = int(getattr(plan, "vram_bytes", 0) or 0)
+        return {int(getattr(plan, "main_gpu", 0) or 0): vram} if vram else {}
+    order = gpu_list_of(hw, None) if hw is not None and len(plan.devices) > 1 else None
+    out: dict[int, int] = {}
+    for d in devices:
+        i = int(d["index"])
+        if order is not None:
+            i = next(j for j, h in enumerate(hw.gpus) if h is order[i])
+        out[i] = out.get(i, 0) + int(d["total_bytes"])
+    extra = int(getattr(plan, "vram_bytes", 0) or 0) - sum(out.values())
+    if extra > 0:  # bytes the devices do not list (a draft model: offload/plan.py add_draft_model): the first
+        first = next(iter(out))
+        out[first] += extra
+    return out
+
+
 def need_text(n: Need) -> str:
     """``n`` in words: "1.2 GiB of RAM and 3.0 GiB of VRAM (GPU 0 1.0 GiB, GPU 1 2.0 GiB)"."""
     text = f"{_fmt(n.ram_bytes)} of RAM"

@@ -10,7 +10,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from localrun.server.budget import Budget, Need
+from localrun.server.budget import Budget, Need, vram_by_device
 from localrun.server.models import Planned, path_key
 
 log = logging.getLogger("localrun.server")
@@ -30,7 +30,8 @@ class PlannerLoader:
 
     def __init__(self, settings, hardware, *, backend: str | None = None, n_ctx: int | None = None,
                  n_parallel: int = 1, kv_type: str | None = None, flash_attn: bool | None = None,
-                 n_threads: int | None = None, force: bool = False) -> None:
+                 n_threads: int | None = None, force: bool = False, plan_fn=None) -> None:
+        self.plan_fn = plan_fn  # plan_load's signature → loading.Prepared; None: loading.plan_load (tests inject)
         self.settings = settings
         self.hardware = hardware
         self.n_gpu_layers: int | None = None  # serve --n-gpu-layers (None: the plan's; -1 all)
@@ -76,18 +77,33 @@ class PlannerLoader:
         """Load the model at ``model_path`` with ``template`` (``--chat-template``) instead of its own."""
         self.templates[path_key(model_path)] = template
 
-    def plan(self, path: str, n_ctx: int | None = None) -> Planned:
+    def plan(self, path: str, n_ctx: int | None = None, held: dict[int, int] | None = None) -> Planned:
         """What loading ``path`` needs and how (``Planned``), at ``n_ctx`` tokens per sequence (a request's
-        ``num_ctx``; None: the server's ``--ctx``, else the planner's choice). Raises ModelNotFoundError,
-        ModelFormatError, ChatTemplateError."""
+        ``num_ctx``; None: the server's ``--ctx``, else the planner's choice). ``held``: the VRAM the resident
+        models hold on each GPU (index → bytes): the model is also planned on what they leave free, and that
+        plan is taken when it gives as much as the plan for the whole budget (same context, GPU layers and
+        KV type), so that a model that fits on the emptier card goes there instead of evicting. Raises
+        ModelNotFoundError, ModelFormatError, ChatTemplateError."""
+        whole = self._plan(path, n_ctx, self.hardware)
+        if not held or not any(held.values()) or not whole.need.vram_bytes or whole.prepared.spec is None:
+            return whole
+        left = replace(self.hardware, gpus=[_less(g, held.get(i, 0)) for i, g in enumerate(self.hardware.gpus)])
+        around = self._plan(path, n_ctx, left)
+        if around.fits and around.given == whole.given:
+            around.hardware = whole.hardware  # the machine as the server sees it, not the leftovers
+            return around
+        return whole
+
+    def _plan(self, path: str, n_ctx: int | None, hardware) -> Planned:
         from localrun.loading import plan_load
 
+        plan_load = self.plan_fn or plan_load
         n_ctx = n_ctx or self.n_ctx
         serial = self.backend not in ("llamacpp", "auto")
         prep = plan_load(path, backend=self.backend, n_ctx=n_ctx, n_parallel=1 if serial else self.n_parallel,
                          kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
                          chat_template=self.templates.get(path), force=self.force, n_gpu_layers=self.n_gpu_layers,
-                         models_dir=self.settings.models_dir, hardware=self.hardware, warn=False,
+                         models_dir=self.settings.models_dir, hardware=hardware, warn=False,
                          **(self.speculation.for_model(path) if self.speculation else {}))
         plan, spec = prep.plan, prep.spec
         hw = self.hardware.to_dict() if hasattr(self.hardware, "to_dict") else None
@@ -101,8 +117,9 @@ class PlannerLoader:
                  "kv_type": self.kv_type or "f16"}
         given = {"n_ctx": plan.n_ctx, "n_gpu_layers": "all" if gpu and plan.n_gpu_layers >= spec.n_layer
                  else plan.n_gpu_layers, "kv_type": plan.kv_type}
-        return Planned(str(prep.path), Need(int(plan.vram_bytes), int(plan.ram_bytes)), plan,
-                       bool(plan.fits or self.force), list(plan.reasons), asked, given, hw, prep)
+        need = Need(int(plan.vram_bytes), int(plan.ram_bytes), vram_by_device(plan, self.hardware))
+        return Planned(str(prep.path), need, plan, bool(plan.fits or self.force), list(plan.reasons), asked, given,
+                       hw, prep)
 
     def load(self, planned: Planned):
         from localrun.loading import load_planned
@@ -117,14 +134,23 @@ class PlannerLoader:
 
 def budget_hardware(hw, *, max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
                     max_models: int | None = None):
-    """(the profile to plan with, the ``Budget``): the probed free RAM and GPU-0 VRAM, capped by
-    ``max_ram_bytes``/``max_vram_bytes``. Raises nothing."""
+    """(the profile to plan with, the ``Budget``): the probed free RAM, and each GPU's usable VRAM (its own
+    budget), capped by ``max_ram_bytes`` and ``max_vram_bytes`` (a cap on each GPU). Raises nothing."""
     ram = hw.ram_available_bytes if max_ram_bytes is None else min(max_ram_bytes, hw.ram_available_bytes)
-    gpus = list(hw.gpus)
-    vram = None
-    if gpus:
-        vram = gpus[0].usable_bytes if max_vram_bytes is None else min(max_vram_bytes, gpus[0].usable_bytes)
-        g = gpus[0]
-        gpus[0] = replace(g, free_bytes=vram, working_set_bytes=min(g.working_set_bytes, vram)
-                          if g.working_set_bytes else None)
-    return replace(hw, ram_available_bytes=ram, gpus=gpus), Budget(ram, vram, max_models)
+    gpus, per_gpu = [], {}
+    for i, g in enumerate(hw.gpus):
+        vram = g.usable_bytes if max_vram_bytes is None else min(max_vram_bytes, g.usable_bytes)
+        gpus.append(replace(g, free_bytes=vram, working_set_bytes=min(g.working_set_bytes, vram)
+                            if g.working_set_bytes else None))
+        per_gpu[i] = vram
+    budget = Budget(ram, sum(per_gpu.values()) if per_gpu else None, max_models, per_gpu if per_gpu else None)
+    return replace(hw, ram_available_bytes=ram, gpus=gpus), budget
+
+
+def _less(g, held_bytes: int):
+    """GPU ``g`` with ``held_bytes`` fewer free (and fewer in Apple's working set), at least 0."""
+    if held_bytes <= 0:
+        return g
+    free = max(0, g.free_bytes - held_bytes)
+    ws = max(0, g.working_set_bytes - held_bytes) if g.working_set_bytes else g.working_set_bytes
+    return replace(g, free_bytes=free, working_set_bytes=ws)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localrun.errors import LocalrunError, ModelNotFoundError
-from localrun.server.budget import Budget, Need, budget_text, need_text
+from localrun.server.budget import Budget, Need, budget_text, need_text, vram_by_device
 from localrun.server.errors import QueueFullError, RequestError
 from localrun.server.keepalive import DEFAULT_KEEP_ALIVE_S, FOREVER, fmt_keep_alive, request_keep_alive, request_n_ctx
 from localrun.server.runtime import BodyReader, ServeOptions, ServerState
@@ -73,9 +73,10 @@ class Planned:
 
 class Loader(Protocol):
     """How the registry plans and loads (``PlannerLoader``; tests inject a fake). ``n_ctx``: the context a
-    request asked for (tokens per sequence; None: the server's)."""
+    request asked for (tokens per sequence; None: the server's); ``held``: the VRAM the residents hold on
+    each GPU (index → bytes), so a plan may place the model where it fits next to them."""
 
-    def plan(self, path: str, n_ctx: int | None = None) -> Planned: ...
+    def plan(self, path: str, n_ctx: int | None = None, held: dict[int, int] | None = None) -> Planned: ...
 
     def load(self, planned: Planned) -> Any: ...  # → an Engine
 
@@ -190,7 +191,7 @@ class ModelRegistry:
         if key in self.residents:
             return self.residents[key].state
         t0 = time.perf_counter()
-        planned = self.loader.plan(key)
+        planned = self.loader.plan(key, None, self._used().vram_by_gpu)
         planned.plan_s = time.perf_counter() - t0
         self._check_alone(name or key, planned)
         used = self._used() + planned.need
@@ -365,7 +366,7 @@ class ModelRegistry:
         if self.loader is None:
             raise ModelNotFoundError(name or key, hint="this server serves only the models it was started with")
         t0 = time.perf_counter()
-        planned = await run_in_threadpool(self.loader.plan, key, n_ctx)
+        planned = await run_in_threadpool(self.loader.plan, key, n_ctx, self._used().vram_by_gpu)
         planned.plan_s = time.perf_counter() - t0
         self._check_alone(name or key, planned)
         await self._make_room(key, name or key, planned.need)
@@ -648,7 +649,8 @@ def _model_id(name: str | None, path: str) -> str:
 def _plan_need(plan) -> Need:
     if plan is None:
         return Need()
-    return Need(int(getattr(plan, "vram_bytes", 0) or 0), int(getattr(plan, "ram_bytes", 0) or 0))
+    return Need(int(getattr(plan, "vram_bytes", 0) or 0), int(getattr(plan, "ram_bytes", 0) or 0),
+                vram_by_device(plan))
 
 
 def _fmt(n: int) -> str:
