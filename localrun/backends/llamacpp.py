@@ -493,18 +493,24 @@ class LlamaCppEngine:
         after its pending token and after each drafted one. Sample position m as usual (``_sample``: token
         control, sampler chain or the draft-model rule, TextStream); while the token equals draft m, the
         draft's KV cell is kept and position m + 1 is sampled. The cells after the last kept token are
-        removed (``llama_memory_seq_rm``). Returns one chunk per emitted token (1 .. K + 1)."""
+        removed (``llama_memory_seq_rm``). Returns one chunk per emitted token (1 .. K + 1).
+        A drafted token that ends the generation (max_tokens, a stop, end of generation) counts as
+        accepted too, though its KV cell is dropped like any token never fed back."""
         sp, out = g.spec, []
-        m = 0
+        m = n_accepted = 0
         while True:
             chunk = self._sample(g, idx + m, now, pick=self.speculation.pick_for(g, m))
             out.append((g, chunk))
-            if g.done or m == len(sp.draft) or chunk.token_id != sp.draft[m]:
+            hit = m < len(sp.draft) and chunk.token_id == sp.draft[m]
+            n_accepted += hit
+            if g.done or not hit:
                 break
             g.slot.tokens.append(sp.draft[m])  # its KV, written by this step, is now the sequence's own
             m += 1
         self.C.llama_memory_seq_rm(self.mem, g.slot.seq_id, len(g.slot.tokens), -1)
-        sp.record(m)
+        sp.record(n_accepted)
+        if g.done:  # the closing chunk's stats were taken before this step's drafts were counted
+            out[-1][1].stats = g.stats(self.n_ctx)
         return out
 
     def _decode(self, batch, *, abortable: bool) -> int:

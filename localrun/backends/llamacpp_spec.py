@@ -201,12 +201,12 @@ class Speculation:
 
     def begin(self, prompt: Sequence[int], params) -> SeqSpec:
         if self.draft is not None:
-            # The draft model drafts greedily and the target samples as usual: a drafted token is kept only
-            # when the target picks it (the deterministic-drafter rule, exact for any sampling settings).
-            # Leviathan's min(1, p/q) rule (sampled drafts; spec_decode.speculative_accept, which passes its
-            # own chi-square test) is off: through the engine it accepted 0 of 143 drafts in
-            # test_draft_model_sampling_keeps_the_target_distribution, a bug not yet found (issue 15).
-            return SeqSpec(ngram=None, acceptance=Acceptance(prior_alpha=0.6), sampled=False)
+            # Sampling with a plain chain (temperature, top-k/p, min-p, logit bias): the draft samples from
+            # its own q and the target keeps it with probability min(1, p/q) (Leviathan et al. 2023).
+            # Greedy, or a chain target_probs cannot reproduce (penalties, DRY, a GBNF grammar): the draft's
+            # argmax, kept exactly when the target's own sampler chain picks it (the deterministic rule).
+            sampled = params.temperature > 0 and _plain_chain(params)
+            return SeqSpec(ngram=None, acceptance=Acceptance(prior_alpha=0.6), sampled=sampled)
         return SeqSpec(ngram=NgramDrafter(prompt), acceptance=Acceptance(prior_alpha=0.5))
 
     # -------------------------------------------------------------------- before the decode
