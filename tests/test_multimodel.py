@@ -304,25 +304,43 @@ def test_pull_copy_delete_through_the_ollama_api(tmp_path, smollm_path, monkeypa
 
 
 WARM_CHECK = r"""
-import sys
-from localrun.commands.serve import make_registry
+import json, sys, threading, time
+import httpx, uvicorn
+from localrun.commands.serve import make_registry, parse_kv_tiers
 from localrun.config import Settings
+from localrun.server.app import create_app
 from localrun.server.runtime import ServeOptions
-reg = make_registry(Settings(home=sys.argv[2], models_dir=sys.argv[2] + "/models"), ServeOptions(), parallel=1,
-                    ctx=512, threads=1)
+settings = Settings(home=sys.argv[2], models_dir=sys.argv[2] + "/models")
+opts = ServeOptions()
+reg = make_registry(settings, opts, parallel=1, ctx=512, threads=1, kv_tiers=parse_kv_tiers("auto", None, "0"))
 reg.loader.warm_up()
-before = set(sys.modules)
-engine = reg.loader.load(reg.loader.plan(sys.argv[1]))
-engine.close()
+server = uvicorn.Server(uvicorn.Config(create_app(None, settings, opts, registry=reg), host="127.0.0.1", port=0,
+                                       log_level="warning"))
+thread = threading.Thread(target=server.run, daemon=True)
+thread.start()
+while not server.started:
+    time.sleep(0.01)
+port = server.servers[0].sockets[0].getsockname()[1]
+with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+    http.get("/health")
+    before = set(sys.modules)
+    body = {"model": sys.argv[1], "prompt": "Once upon a time", "raw": True, "options": {"num_predict": 2}}
+    with http.stream("POST", "/api/generate", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            pass
+server.should_exit = True
+thread.join(30)
 late = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("localrun", "llama_cpp", "jinja2", "numpy"))
 print(" ".join(late))
 """
 
 
-def test_after_the_warm_up_a_first_load_imports_nothing(tmp_path, smollm_path):
-    """`localrun serve` warms the load path at start-up (PlannerLoader.warm_up): the first request's load then
-    imports no module of localrun, llama_cpp, jinja2 or numpy (each cost the cold start ~0.1–0.6 s). A fresh
-    interpreter, since this test process has imported everything already."""
+def test_after_the_warm_up_a_first_request_imports_nothing(tmp_path, smollm_path):
+    """`localrun serve` warms the load path at start-up (PlannerLoader.warm_up): a model's first request (its
+    load with the KV-cache tiers as `serve` sets them, then its first tokens) imports no module of localrun,
+    llama_cpp, jinja2 or numpy (such imports cost the cold start 0.1–0.6 s). A fresh interpreter, since this
+    test process has imported everything already."""
     import subprocess
     import sys
 
