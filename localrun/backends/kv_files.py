@@ -53,17 +53,18 @@ class SnapshotFileError(Exception):
 
 def write_snapshot_file(path: Path, model_id: str, settings: dict, tokens: Sequence[int], data) -> int:
     """Write a snapshot file atomically (a temporary name in the same folder, then ``os.replace``): ``MAGIC``,
-    a u64 header length, the JSON header, the payload ``data`` (a ctypes uint8 array). → bytes written.
-    Raises OSError (the temporary file is removed)."""
-    nbytes = ctypes.sizeof(data)
+    a u64 header length, the JSON header, the payload ``data`` (any buffer: a ctypes uint8 array, bytes, a
+    NumPy array). → bytes written. Raises OSError (the temporary file is removed)."""
+    payload = memoryview(data).cast("B")
+    nbytes = payload.nbytes
     header = json.dumps({"model": model_id, "settings": settings, "n_tokens": len(tokens),
                          "tokens_sha256": tokens_sha256(tokens), "tokens": list(tokens), "payload_bytes": nbytes,
-                         "payload_sha256": hashlib.sha256(memoryview(data)).hexdigest()}).encode()
+                         "payload_sha256": hashlib.sha256(payload).hexdigest()}).encode()
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-            f.write(memoryview(data))
+            f.write(payload)
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
