@@ -40,7 +40,7 @@ class Prepared:
     backend_reason: str = ""
     template: object = None
     force: bool = False
-    spec_mode: str = "off"  # speculative decoding (llama.cpp): auto | ngram | draft | off
+    spec_mode: str = "off"  # speculative decoding (llama.cpp, MLX): auto | ngram | draft | off
     draft_path: Path | None = None  # the draft model, its vocabulary checked against ``spec``
     draft_max: int | None = None
 
@@ -108,7 +108,7 @@ def load_planned(prep: Prepared, status=None) -> Loaded:
     if prep.backend == "mlx":
         kwargs.update(hardware=prep.hardware, force=prep.force)  # the MLX memory guardrail uses this probe
     engine = load_engine(prep.path, plan, **kwargs)
-    if prep.spec_mode != "off" and prep.backend == "llamacpp":
+    if prep.spec_mode != "off" and prep.backend in ("llamacpp", "mlx"):  # both engines: set_speculation
         if prep.draft_path:
             (status or (lambda _text: None))(f"loading the draft model {prep.draft_path.name}")
         try:
@@ -130,7 +130,7 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     ``--rpc`` adds the workers' devices, ``backends.rpc.hardware_with_workers``).
 
     The plan is ``plan_for_run`` for the detected machine; every flag given overrides the planner.
-    Speculative decoding (llama.cpp): ``spec_mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``, ``draft_model``
+    Speculative decoding (llama.cpp and MLX): ``spec_mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``, ``draft_model``
     (a model argument, resolved like MODEL; its vocabulary is checked against MODEL's header before
     anything loads), ``draft_max`` tokens per verify step at most (``backends/spec_decode.py``).
 

@@ -32,7 +32,6 @@ old one first. Not thread-safe: one thread drives the engine.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Iterator, Sequence
@@ -137,6 +136,17 @@ class MlxEngine:
         self._cache_tokens: list[int] = []
         self._active = None  # the open generator, closed when a new generation starts
         self._active_tag: object | None = None
+        self.speculation = None  # mlx_spec.MlxSpeculation: speculative decoding (set_speculation), None = off
+        self.kv_cache = None  # mlx_cache.MlxKVCache: RAM/disk prompt-cache tiers (mlx_cache.attach_mlx_kv_cache)
+
+    def set_speculation(self, mode: str = "auto", draft_max: int | None = None, draft_path: str | None = None,
+                        *, draft_n_gpu_layers: int | None = None) -> None:
+        """Speculative decoding for the generations started from now on, as ``LlamaCppEngine.set_speculation``
+        (``mlx_spec.py``; ``draft_n_gpu_layers`` has no meaning on MLX). Raises VocabularyMismatchError,
+        LocalrunError (an unknown mode, ``draft`` without a draft model), BackendError."""
+        from localrun.backends.mlx_spec import configure_speculation
+
+        configure_speculation(self, mode, draft_max, draft_path)
 
     # ------------------------------------------------------------------ loading
     def _load_folder(self) -> None:
@@ -211,30 +221,12 @@ class MlxEngine:
         return list(ids)
 
     def _piece_table(self) -> list[bytes]:
-        """Bytes of every token, as llama.cpp's ``token_to_piece(special=False)`` writes them: byte-level
-        BPE letters mapped back to bytes, SentencePiece ``▁`` → space and ``<0xNN>`` → the byte,
-        control tokens → nothing."""
-        if self._pieces is not None:
-            return self._pieces
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
+        """Bytes of every token (``mlx_sampling.piece_table``), computed once."""
+        if self._pieces is None:
+            from localrun.backends.mlx_sampling import piece_table
 
-        hf = self.tokenizer
-        toks = hf.convert_ids_to_tokens(list(range(len(hf))))
-        dec = json.dumps(json.loads(hf.backend_tokenizer.to_str()).get("decoder") or {})
-        byte_level = "ByteLevel" in dec
-        inv = {c: b for b, c in bytes_to_unicode().items()}
-        out: list[bytes] = []
-        for i, t in enumerate(toks):
-            if t is None or i in self._special_ids:
-                out.append(b"")
-            elif byte_level:
-                out.append(bytes(inv[c] for c in t) if all(c in inv for c in t) else t.encode())
-            elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
-                out.append(bytes([int(t[3:5], 16)]))
-            else:
-                out.append(t.replace("\u2581", " ").encode())
-        self._pieces = out
-        return out
+            self._pieces = piece_table(self.tokenizer, self._special_ids)
+        return self._pieces
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         """The bytes ``token`` writes; a control token writes its text only with ``special`` (as llama.cpp's
@@ -281,51 +273,33 @@ class MlxEngine:
 
     # ------------------------------------------------------------------ sampling
     def make_sampler(self, p: SamplingParams):
-        """``sample(logprobs [1, vocab], key) -> token [1]`` in llama.cpp's order (top-k, top-p, min-p on
-        the untempered distribution, then temperature; mlx_lm.sample_utils filters)."""
-        mx = self.mx
-        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+        """``sample(logprobs [1, vocab], key) -> token [1]`` (``mlx_sampling.make_sampler``)."""
+        from localrun.backends.mlx_sampling import make_sampler
 
-        if p.temperature <= 0:
-            return lambda lp, key: mx.argmax(lp, axis=-1)
-        inv_t = 1.0 / float(p.temperature)
-
-        def sample(lp, key):
-            if p.top_k > 0:
-                lp = apply_top_k(lp, int(p.top_k))
-            if 0 < p.top_p < 1:
-                lp = apply_top_p(lp, float(p.top_p))
-            if p.min_p > 0:
-                lp = apply_min_p(lp, float(p.min_p))
-            return mx.random.categorical(lp * inv_t, key=key)
-
-        return sample
+        return make_sampler(self.mx, p)
 
     def make_processors(self, p: SamplingParams) -> list:
-        """mlx-lm logits processors for logit bias and the repetition/presence/frequency penalties."""
-        from mlx_lm.sample_utils import make_logits_processors
+        """mlx-lm logits processors for bias, penalties and DRY (``mlx_sampling.make_processors``)."""
+        from localrun.backends.mlx_sampling import make_processors
 
-        bias = {int(k): float(v) for k, v in p.logit_bias.items()}
-        if p.ignore_eos:
-            bias.update((t, float("-inf")) for t in self.eog_ids)
-        n = self.n_ctx if p.repeat_last_n < 0 else p.repeat_last_n  # -1: the whole context, as llama.cpp
-        procs = make_logits_processors(
-            logit_bias=bias or None,
-            repetition_penalty=p.repeat_penalty if p.repeat_penalty != 1.0 and n else None,
-            repetition_context_size=n,
-            presence_penalty=p.presence_penalty or None, presence_context_size=n,
-            frequency_penalty=p.frequency_penalty or None, frequency_context_size=n)
-        if p.dry_multiplier > 0:
-            from localrun.backends.dry import DrySampler
-
-            procs.append(DrySampler(self, p))
-        return procs
+        return make_processors(self, p)
 
     # ------------------------------------------------------------------ prompt cache
     @property
     def cached_tokens(self) -> list[int]:
         """The tokens whose KV the cache holds (a copy)."""
         return list(self._cache_tokens)
+
+    @property
+    def prompt_cache(self) -> list | None:
+        """mlx-lm's per-layer cache objects of the sequence (None before the first generation); they hold
+        ``cached_tokens``."""
+        return self._cache
+
+    def set_prompt_cache(self, cache: list | None, tokens: Sequence[int]) -> None:
+        """Replace the KV cache by ``cache`` (mlx-lm per-layer caches holding exactly ``tokens``; a
+        restored snapshot), or empty it (None)."""
+        self._cache, self._cache_tokens = cache, list(tokens) if cache is not None else []
 
     def kv_cells_used(self) -> int:
         """Tokens whose KV the cache holds."""
@@ -336,6 +310,8 @@ class MlxEngine:
         so at least the last prompt token is decoded again for its logits)."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+        if self.kv_cache is not None:  # save what the prompt would cut; restore a snapshot that reuses more
+            self.kv_cache.admit(self, None, prompt)
         if self._cache is None:
             self._cache, self._cache_tokens = make_prompt_cache(self.model), []
         n = min(common_prefix(self._cache_tokens, prompt), len(prompt) - 1)
@@ -385,7 +361,12 @@ class MlxEngine:
         return gen
 
     def _run(self, prompt: list[int], params: SamplingParams, tag: object, ctl=None) -> Iterator[Chunk]:
-        """The generation loop; ``ctl``: its ``TokenControl`` or None (free)."""
+        """The generation loop; ``ctl``: its ``TokenControl`` or None (free).
+
+        Each step feeds the pending token, plus the drafted ones when speculating (``mlx_spec.py``), and
+        gives one logits row per fed token. Row ``m`` is sampled only after the token of row ``m - 1`` was
+        emitted (so penalties, the token control and the seeded key see exactly what plain decoding shows
+        them) and is used only while the emitted tokens equal the drafted ones."""
         mx = self.mx
         p = params
         t_start = time.perf_counter()
@@ -397,21 +378,23 @@ class MlxEngine:
         n_keep = self.reuse_prefix(prompt)
         generated: list[int] = []
         stream = TextStream(p, self.n_ctx)
+        spec = self.speculation.begin(prompt, p) if self.speculation is not None else None
         t_first = t_prefill = 0.0
-        def forward(toks: list[int]):
+
+        def pick(logits, n_hist: int):
+            """Sample from ``logits`` [1, vocab], the row after the cache's first ``n_hist`` tokens →
+            (token [1], the model's own logprobs [1, vocab])."""
             nonlocal key
-            logits = self.model(mx.array(toks)[None], cache=self._cache)[:, -1, :]
-            self._cache_tokens.extend(toks)  # the cache offset advanced with the graph
             logprobs = raw = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             if procs:  # penalties, DRY, bias: they steer the choice; reported logprobs stay the model's own
-                hist = mx.array(self._cache_tokens)
+                hist = mx.array(self._cache_tokens[:n_hist])
                 for proc in procs:
                     logits = proc(hist, logits)
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             if ctl is not None:
                 mx.async_eval(logprobs)  # the forward pass runs while the control works out its answer
                 forced = ctl.forced()
-                if forced is not None:  # emitted without sampling; this pass only puts ``toks`` in the cache
+                if forced is not None:  # emitted without sampling
                     return mx.array([forced]), raw
                 allowed = ctl.mask()
                 if allowed is not None:
@@ -424,17 +407,15 @@ class MlxEngine:
             return Stats(prompt_tokens=len(prompt), cached_tokens=n_keep, completion_tokens=len(generated),
                          ttft_s=(t_first or now) - t_start, prefill_s=(t_prefill or now) - t_start,
                          decode_s=max(0.0, now - (t_first or now)), n_ctx_used=len(self._cache_tokens),
-                         n_ctx=self.n_ctx)
+                         n_ctx=self.n_ctx, draft_tokens=spec.draft_tokens if spec is not None else 0,
+                         accepted_tokens=spec.accepted_tokens if spec is not None else 0)
 
         try:
-            rest = prompt[n_keep:]
-            while len(rest) > 1:  # chunked prefill of all but the last prompt token
-                chunk = rest[:min(self.n_batch, len(rest) - 1)]
-                self.model(mx.array(chunk)[None], cache=self._cache)
-                self._cache_tokens.extend(chunk)
-                mx.eval([c.state for c in self._cache])
-                rest = rest[len(chunk):]
-            y, lp = forward(rest)
+            draft: list[int] = []  # the tokens drafted in this step (fed after the pending one)
+            m = 0  # the row being sampled: m drafted tokens of this step were accepted
+            rows = self.feed(prompt[n_keep:])
+            base = len(self._cache_tokens) - 1  # cache tokens before this step's pending token
+            y, lp = pick(rows, base + 1)
             mx.async_eval(y, lp)
             while True:
                 tok = int(y.item())
@@ -446,18 +427,30 @@ class MlxEngine:
                 tlp = self._logprob(tok, lp, p.logprobs) if p.logprobs is not None and not eog else None
                 # the text pipeline shared with llama.cpp: UTF-8, stop strings, max_tokens, context full, loops
                 out, finish = stream.push(tok, b"" if eog else self.token_bytes(tok, p.render_special), eog=eog,
-                                          n_ctx_used=len(self._cache_tokens))
+                                          n_ctx_used=base + 1 + m)
                 if ctl is not None:
                     ctl.accept(tok)
                     if finish is None and ctl.complete():
                         rest, finish = stream.finish("stop")
                         out += rest
                 if finish is not None:
+                    if spec is not None and draft:
+                        self.speculation.record(spec, m)
                     yield Chunk(text=out, token_id=tok, finish_reason=finish, stats=stats(),
                                 logprobs=[tlp] if tlp else None)
                     return
-                y, lp = forward([tok])  # queue the next token before handing this one out
-                mx.async_eval(y, lp)
+                if m < len(draft) and tok == draft[m]:  # the target picked the drafted token: next row is valid
+                    m += 1
+                    y, lp = pick(rows[m:m + 1], base + 1 + m)
+                else:  # the step is over; ``tok`` is the next pending token
+                    if spec is not None:
+                        n_left = p.max_tokens - len(generated) if p.max_tokens is not None else self.n_ctx
+                        draft, rows = self.speculation.step(spec, tok, draft, m, prompt + generated, n_left)
+                    else:
+                        draft, rows = [], self.feed([tok])
+                    m, base = 0, len(self._cache_tokens) - len(draft) - 1
+                    y, lp = pick(rows[:1], base + 1)
+                mx.async_eval(y, lp)  # queue the next token before handing this one out
                 yield Chunk(text=out, token_id=tok, logprobs=[tlp] if tlp else None)
         except ContextOverflowError:
             raise
@@ -470,6 +463,35 @@ class MlxEngine:
                 self._active, self._active_tag = None, None
             if self._cache is not None and any(c.offset != len(self._cache_tokens) for c in self._cache):
                 self.reset_cache()  # never reuse a cache whose contents are not what we think
+
+    def feed(self, tokens: Sequence[int], *, rows: int = 1):
+        """Run ``tokens`` through the model on top of the KV cache (``reuse_prefix`` first): all but the last
+        ``rows`` in chunks of ``n_batch`` (evaluated), then the last ``rows`` in one pass → their logits,
+        ``mx.array [rows, vocab]`` (lazy). The cache and ``cached_tokens`` then hold ``tokens`` too."""
+        mx = self.mx
+        toks = list(tokens)
+        while len(toks) > rows:  # chunked prefill
+            chunk = toks[:min(self.n_batch, len(toks) - rows)]
+            self.model(mx.array(chunk)[None], cache=self._cache)
+            self._cache_tokens.extend(chunk)
+            mx.eval([c.state for c in self._cache])
+            toks = toks[len(chunk):]
+        logits = self.model(mx.array(toks)[None], cache=self._cache)[0]
+        self._cache_tokens.extend(toks)  # the cache offset advanced with the graph
+        return logits
+
+    def rewind(self, n_tokens: int) -> bool:
+        """Drop the last ``n_tokens`` from the KV cache (rejected drafts) → whether it could (a sliding-window
+        cache that has wrapped cannot be cut: the cache is then emptied)."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        if n_tokens <= 0:
+            return True
+        if can_trim_prompt_cache(self._cache) and trim_prompt_cache(self._cache, n_tokens) == n_tokens:
+            del self._cache_tokens[len(self._cache_tokens) - n_tokens:]
+            return True
+        self.reset_cache()
+        return False
 
     def _logprob(self, tok: int, lp, top_n: int) -> TokenLogprob:
         import numpy as np
@@ -496,6 +518,11 @@ class MlxEngine:
             except Exception:
                 pass
             self._active = None
+        if getattr(self, "kv_cache", None) is not None and getattr(self, "model", None) is not None:
+            self.kv_cache.persist(self)  # the cache to the RAM tier, the RAM tier to disk
+        if getattr(self, "speculation", None) is not None:
+            self.speculation.close()
+            self.speculation = None
         self._cache, self._cache_tokens = None, []
         self.model = None
         mx = getattr(self, "mx", None)

@@ -1,0 +1,161 @@
+"""Speculative decoding on the MLX backend (issue 15, item 5), through mlx[cpu]: prompt lookup and a draft
+model (the ``draft_pair`` fixture: a Q8_0 SmolLM2 written by llama.cpp's quantizer as the target, which MLX
+loads natively, and the shipped Q4_1 as the draft). Every test compares speculation against plain decoding
+on the same engine (token ids), so nothing depends on the CPU's rounding."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+from localrun.backends.base import Constraint, Message, SamplingParams  # noqa: E402
+
+EDIT = ("Repeat this list exactly, changing only 'pear' to 'plum':\n"
+        "apple, banana, cherry, pear, grape, lemon, mango, orange, peach, kiwi, lime, melon")
+
+
+@pytest.fixture(scope="module")
+def target(draft_pair, tmp_path_factory):
+    from helpers import mlx_smollm_engine
+
+    yield from mlx_smollm_engine(draft_pair[0], tmp_path_factory)
+
+
+def _prompt(eng, text: str) -> list[int]:
+    return eng.tokenize_chat([Message("user", text)])[1]
+
+
+def _run(eng, prompt, params):
+    """(token ids, last chunk), the prompt prefilled from scratch each time (no prefix reuse)."""
+    eng.reset_cache()
+    chunks = list(eng.generate(prompt, params))
+    return [c.token_id for c in chunks], chunks[-1]
+
+
+def _set(eng, mode, draft=None, *, adaptive=True, draft_max=6):
+    eng.set_speculation(mode, draft_max, str(draft) if draft else None)
+    if eng.speculation is not None:
+        eng.speculation.adaptive = adaptive
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_greedy_identical(target, draft_pair, mode):
+    prompt = _prompt(target, EDIT)
+    p = SamplingParams(temperature=0, max_tokens=60)
+    _set(target, "off")
+    plain, _ = _run(target, prompt, p)
+    _set(target, mode, draft_pair[1], adaptive=False)
+    spec, last = _run(target, prompt, p)
+    assert spec == plain
+    st = last.stats
+    assert st.draft_tokens > 0 and st.accepted_tokens > 0  # it did speculate, and kept some
+    assert st.completion_tokens == len(plain)
+    totals = target.speculation.totals()
+    assert totals["mode"] == mode and totals["draft_tokens"] >= st.draft_tokens
+    assert totals["acceptance_rate"] == pytest.approx(totals["accepted_tokens"] / totals["draft_tokens"])
+
+
+def test_auto_mode_same_text(target):
+    """Adaptive: it measures a plain step first, then drafts only where it pays; the text stays the same."""
+    prompt = _prompt(target, EDIT)
+    p = SamplingParams(temperature=0, max_tokens=50)
+    _set(target, "off")
+    plain, _ = _run(target, prompt, p)
+    _set(target, "auto")
+    spec, last = _run(target, prompt, p)
+    assert spec == plain
+    totals = target.speculation.totals()
+    assert totals["plain_steps"] + totals["verify_steps"] > 0
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_seeded_sampling_identical(target, draft_pair, mode):
+    """The deterministic rule splits the key once per emitted token, as plain decoding: same seed, same tokens."""
+    prompt = _prompt(target, EDIT)
+    _set(target, "off")
+    runs = [SamplingParams(temperature=0.7, top_k=20, seed=s, max_tokens=40) for s in range(3)]
+    plain = [_run(target, prompt, p)[0] for p in runs]
+    _set(target, mode, draft_pair[1], adaptive=False)
+    spec = [_run(target, prompt, p)[0] for p in runs]
+    assert spec == plain
+    assert target.speculation.totals()["accepted_tokens"] > 0
+
+
+def test_stop_string_constraint_penalty_and_logprobs_same(target):
+    prompt = _prompt(target, EDIT)
+    regex = Constraint("regex", r"apple, banana(, [a-z]+){2,6}\.")
+    cases = [SamplingParams(temperature=0, max_tokens=60, stop=["cherry"]),
+             SamplingParams(temperature=0, max_tokens=60, constraint=regex),
+             SamplingParams(temperature=0, max_tokens=40, repeat_penalty=1.3),
+             SamplingParams(temperature=0, max_tokens=30, logprobs=2)]
+
+    def run(p):
+        ids, last = _run(target, prompt, p)
+        chunks = list(target.generate(prompt, p)) if p.logprobs else []
+        lps = [(x.token_id, round(x.logprob, 4), x.top_ids) for c in chunks for x in c.logprobs or []]
+        return ids, last.finish_reason, lps
+
+    _set(target, "off")
+    plain = [run(p) for p in cases]
+    _set(target, "ngram", adaptive=False)
+    spec = [run(p) for p in cases]
+    assert spec == plain
+    assert plain[0][1] == plain[1][1] == "stop"
+    assert target.detokenize(plain[1][0]).startswith("apple, banana")
+    assert len(plain[3][2]) >= 20
+
+
+def test_draft_pair_acceptance_is_high(target, draft_pair):
+    """Q4_1 drafting for its Q8_0 target agrees on most greedy tokens: near-zero acceptance would mean the
+    draft's cache is out of step with the accepted tokens."""
+    p = SamplingParams(temperature=0, max_tokens=40)
+    _set(target, "draft", draft_pair[1], adaptive=False, draft_max=4)
+    drafted = accepted = 0
+    for text in ("Explain why the sky is blue in two sentences.", "Write a short poem about the sea."):
+        _, last = _run(target, _prompt(target, text), p)
+        drafted += last.stats.draft_tokens
+        accepted += last.stats.accepted_tokens
+    assert drafted >= 20
+    assert accepted / drafted > 0.4, (accepted, drafted)
+    totals = target.speculation.totals()
+    assert (totals["draft_tokens"], totals["accepted_tokens"]) == (drafted, accepted)
+
+
+def test_prefix_reuse_across_turns_with_speculation(target):
+    """A second request that extends the first reuses its cache (rejected drafts were cut off it)."""
+    prompt = _prompt(target, EDIT)
+    p = SamplingParams(temperature=0, max_tokens=30)
+    _set(target, "ngram", adaptive=False)
+    first, _ = _run(target, prompt, p)
+    follow = prompt + first + target.tokenize("\nAgain:", add_special=False)
+    warm = list(target.generate(follow, p))
+    assert warm[-1].stats.cached_tokens >= len(prompt)
+    _set(target, "off")
+    cold, _ = _run(target, follow, p)
+    assert [c.token_id for c in warm] == cold
+
+
+def test_vocabulary_mismatch_is_a_clear_error(target, gemma_path):
+    from localrun.backends.llamacpp_spec import VocabularyMismatchError
+
+    with pytest.raises(VocabularyMismatchError) as e:
+        target.set_speculation("draft", 4, str(gemma_path))
+    assert e.value.hint and target.speculation is None
+
+
+def test_spec_reaches_the_mlx_engine_through_load_model(draft_pair, monkeypatch, tmp_path):
+    """``--spec`` (chat, bench, serve all load through ``loading``) turns speculation on for MLX too."""
+    from localrun.loading import load_model
+
+    monkeypatch.setenv("LOCALRUN_HOME", str(tmp_path))
+    loaded = load_model(str(draft_pair[0]), backend="mlx", n_ctx=512, spec_mode="ngram", draft_max=5, force=True)
+    try:
+        eng = loaded.engine
+        assert eng.backend == "mlx" and eng.speculation is not None
+        assert eng.speculation.mode == "ngram" and eng.speculation.draft_max == 5
+    finally:
+        loaded.engine.close()
