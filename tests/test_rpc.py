@@ -8,9 +8,10 @@
   a non-streaming request cut the same way gets a 503.
 
 Everything that runs RPC needs a llama-cpp-python built with -DGGML_RPC=on and skips without it. Both
-sides run llama.cpp's CPU kernels without repacked weights (``LOCALRUN_NO_REPACK``: a worker's CPU backend
-keeps its weights plain), so the two paths compute the same sums. A worker serves one client at a time:
-every engine here is closed before the next process connects.
+paths run llama.cpp's CPU kernels on plain weights (two sequences: localrun then turns off the repacked
+CPU buffers, which a worker's CPU backend does not use either) with the same context settings and flash
+attention off, so they compute the same sums. A worker serves one client at a time: every engine here is
+closed before the next process connects.
 """
 
 from __future__ import annotations
@@ -76,16 +77,12 @@ def workers():
         stop(p)
 
 
-@pytest.fixture
-def no_repack(monkeypatch):
-    monkeypatch.setenv("LOCALRUN_NO_REPACK", "1")
-
-
 def _greedy(path, *, hardware=None, n_gpu_layers=None, raw: bool) -> tuple[str, object]:
     from localrun.backends.base import Message, SamplingParams
     from localrun.loading import load_model
 
-    loaded = load_model(str(path), n_ctx=512, n_gpu_layers=n_gpu_layers, hardware=hardware, force=True)
+    loaded = load_model(str(path), n_ctx=512, n_parallel=2, n_gpu_layers=n_gpu_layers, flash_attn=False,
+                        hardware=hardware, force=True)
     engine = loaded.engine
     try:
         p = SamplingParams(temperature=0.0, max_tokens=32, seed=0)
@@ -98,7 +95,7 @@ def _greedy(path, *, hardware=None, n_gpu_layers=None, raw: bool) -> tuple[str, 
 @needs_rpc
 @pytest.mark.model
 @pytest.mark.parametrize("which", ["smollm", "gemma"])
-def test_three_way_split_gives_the_same_greedy_text(which, workers, no_repack, request):
+def test_three_way_split_gives_the_same_greedy_text(which, workers, request):
     from localrun.backends.rpc import hardware_for
 
     path = request.getfixturevalue(f"{which}_path")
@@ -110,10 +107,12 @@ def test_three_way_split_gives_the_same_greedy_text(which, workers, no_repack, r
     # the last 2/3 of the layers on the two workers, the first third on this process's CPU
     split, plan3 = _greedy(path, hardware=hardware_for(",".join(workers)), n_gpu_layers=(2 * n_layer) // 3,
                            raw=raw)
-    used = [d for d in plan3.devices if d["n_layers"]]
-    assert [d["endpoint"] for d in used] == workers, plan3.devices  # both workers hold layers …
+    used = [d for d in plan3.devices if d["n_layers"] or d["output"]]
+    assert [d["endpoint"] for d in used] == workers, plan3.devices  # both workers hold layers (or the output) …
     assert sum(d["n_layers"] for d in used) < n_layer  # … and the CPU the rest
     assert plan1.devices in ([], None) or all(not d.get("endpoint") for d in plan1.devices)
+    same = ("n_ctx", "n_parallel", "n_batch", "n_ubatch", "kv_type", "flash_attn", "kv_unified")
+    assert {k: getattr(plan3, k) for k in same} == {k: getattr(plan1, k) for k in same}
     assert len(alone) > 20
     assert split == alone
 
@@ -134,7 +133,7 @@ def allocated_by_device(lines: list[str], endpoints: list[str]) -> dict[str, dic
 
 
 @needs_rpc
-def test_fit_rpc_bytes_match_what_llama_cpp_allocates_per_device(workers, smollm_path, no_repack):
+def test_fit_rpc_bytes_match_what_llama_cpp_allocates_per_device(workers, smollm_path):
     from helpers import localrun_inprocess
 
     from localrun.backends.rpc import hardware_for
