@@ -76,6 +76,7 @@ def parse_max_body(text: str) -> int:
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
+        click_ctx: typer.Context,
         model: Optional[List[str]] = typer.Argument(None,
             help="Models to load at start-up (.gguf paths or names `localrun ls` shows). None: the server starts "
                  "empty and loads each model on its first request (no `model` field: the embedded SmolLM2)."),
@@ -190,11 +191,9 @@ def register(app: typer.Typer) -> None:
         check_bind(settings.host, settings.api_key, insecure)
         check_port_free(settings.host, settings.port)
         if rpc and not rpc_runner:  # llama.cpp's RPC client aborts its process when a worker dies: a runner
-            import click
-
             from localrun.commands.serve_rpc import serve_with_runner
 
-            return serve_with_runner(click.get_current_context(), settings, rpc, log_level=log_level)
+            return serve_with_runner(click_ctx, settings, rpc, log_level=log_level)
         from localrun.backends.rpc import hardware_for
 
         run_server(settings, models=list(model or []), residency=residency, kv_tiers=kv_tiers, parallel=parallel,
