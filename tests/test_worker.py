@@ -125,3 +125,37 @@ def test_relay_passes_allowed_peers_and_closes_the_others():
     results, logs = asyncio.run(main())
     assert results == {"allowed": b"graph", "refused": b""}
     assert logs == ["refused 127.0.0.1: not in --allow 10.0.0.0/8"]
+
+
+@pytest.mark.skipif(not RPC.available, reason="needs llama-cpp-python with RPC (-DGGML_RPC=on)")
+def test_a_worker_behind_its_allow_relay_answers_an_allowed_client():
+    """A real worker with --allow: llama.cpp's server on an ephemeral loopback port, the relay on --port; an
+    RPC client inside the network registers its device and reads its memory through the relay."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from localrun.backends.rpc import worker_devices
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "localrun", "worker", "--port", str(port), "--allow", "127.0.0.0/8",
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        devs = worker_devices([f"127.0.0.1:{port}"])
+        assert len(devs) == 1 and devs[0].backend == "rpc" and devs[0].endpoint == f"127.0.0.1:{port}"
+        assert 0 < devs[0].free_bytes <= devs[0].total_bytes
+    finally:
+        proc.kill()
+        err = proc.communicate(timeout=10)[1]
+    assert f"on 127.0.0.1:{port} to 127.0.0.0/8" in err
