@@ -56,9 +56,16 @@ def serve_with_runner(ctx, settings, rpc: str, *, log_level: str = "info") -> No
         return [*base, "--host", "127.0.0.1", "--port", str(port), "--rpc-runner"]
 
     url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    stderr().print(f"localrun: the model runs in a runner process over RPC workers {', '.join(workers)}; "
-                   f"this process answers on http://{url_host}:{settings.port} and restarts the runner if a "
-                   "worker goes away", soft_wrap=True, highlight=False)
-    code = run_front(argv_for, workers, settings.host, settings.port, log_level=log_level.lower(), env=env)
+    url = f"http://{url_host}:{settings.port}"
+    stderr().print(f"localrun: loading the model in a runner process over RPC workers {', '.join(workers)}",
+                   soft_wrap=True, highlight=False)
+
+    def ready() -> None:
+        stderr().print(f"localrun: serving on {url} (the runner's own address above is internal) — OpenAI base "
+                       f"URL {url}/v1, Ollama {url}; the runner restarts if an RPC worker goes away",
+                       soft_wrap=True, highlight=False)
+
+    code = run_front(argv_for, workers, settings.host, settings.port, log_level=log_level.lower(), env=env,
+                     on_ready=ready)
     if code:
         raise SystemExit(code)

@@ -283,10 +283,10 @@ def wait_first_ready(sup: Supervisor, poll_s: float = 0.2) -> bool:
 
 
 def run_front(argv_for: Callable[[int], list[str]], workers: list[str], host: str, port: int, *,
-              log_level: str = "info", env: dict | None = None) -> int:
-    """Start the runner, wait until it is ready, then serve the front on ``host:port`` until SIGINT/SIGTERM;
-    the runner is stopped on the way out. Returns the exit status: the runner's when it failed to start
-    (its error is on stderr already), else 0."""
+              log_level: str = "info", env: dict | None = None, on_ready: Callable[[], None] | None = None) -> int:
+    """Start the runner, wait until it is ready (then call ``on_ready``), then serve the front on
+    ``host:port`` until SIGINT/SIGTERM; the runner is stopped on the way out. Returns the exit status: the
+    runner's when it failed to start (its error is on stderr already), else 0."""
     import uvicorn
 
     sup = Supervisor(argv_for, workers, env=env)
@@ -295,6 +295,8 @@ def run_front(argv_for: Callable[[int], list[str]], workers: list[str], host: st
         if not wait_first_ready(sup):
             rc = sup.proc.poll() if sup.proc is not None else None
             return rc if rc else 1
+        if on_ready is not None:
+            on_ready()
         uvicorn.run(create_front(sup), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=1)
         return 0
     finally:
