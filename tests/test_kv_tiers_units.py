@@ -79,3 +79,53 @@ def test_serve_flags():
     assert parse_kv_tiers("512MiB", None, "2GiB")["disk_bytes"] == 0
     with pytest.raises(LocalrunError, match="--cache-ram"):
         parse_kv_tiers("lots", None, "1GiB")
+
+
+def test_boundaries_are_noted_found_and_skipped_once_held():
+    from localrun.backends.kv_cache import MAX_BOUNDARIES, Snapshot, tokens_sha256
+
+    cache = KVCache("m1", SETTINGS, ram_bytes=1 << 20)
+    system = list(range(100, 160))  # 60 tokens
+    cache.note_boundary(system[:10])  # shorter than min_tokens: not worth a snapshot
+    cache.note_boundary(system)
+    assert list(cache.boundaries.values()) == [60]
+    prompt = system + [7, 8, 9]
+    assert cache.boundary_in(prompt, 0, sliding=True) == 60
+    assert cache.boundary_in(prompt, 60, sliding=True) == 0  # already cached up to there
+    assert cache.boundary_in(system, 0, sliding=True) == 0  # nothing after it: the turn's end covers it
+    assert cache.boundary_in([1] + prompt, 0, sliding=True) == 0  # another prefix
+    cache.snapshots[tuple(prompt)] = Snapshot(tuple(prompt), 10)  # a longer snapshot covers it ...
+    assert cache.boundary_in(prompt + [5], 0, sliding=False) == 0
+    assert cache.boundary_in(prompt + [5], 0, sliding=True) == 60  # ... except on a sliding window
+    cache.snapshots[tuple(system)] = Snapshot(tuple(system), 10)
+    assert cache.boundary_in(prompt + [5], 0, sliding=True) == 0
+    for i in range(MAX_BOUNDARIES + 5):
+        cache.note_boundary([i] * 40)
+    assert len(cache.boundaries) == MAX_BOUNDARIES and tokens_sha256([0] * 40) not in cache.boundaries
+    assert tokens_sha256([MAX_BOUNDARIES + 4] * 40) in cache.boundaries  # the oldest go first
+
+
+def test_system_prompt_end_is_where_user_turns_part():
+    from localrun.backends.base import Message
+    from localrun.backends.kv_cache import system_prompt_end
+    from localrun.errors import ChatTemplateError
+
+    def render(msgs):  # a toy template: [1] + each message as [role id, its words' lengths..., 2]
+        out = [1]
+        for m in msgs:
+            out += [{"system": 3, "user": 4}[m.role], *[len(w) for w in m.content.split()], 2]
+        return out
+
+    cache = KVCache("m1", SETTINGS, ram_bytes=1 << 20)
+    system = Message("system", " ".join(["word"] * 50))
+    msgs = [system, Message("user", "which question")]
+    prompt = render(msgs)
+    assert system_prompt_end(cache, msgs, prompt, render) == 54  # [1, 3, 50 words, 2, 4]: the user header too
+    assert list(cache.boundaries.values()) == [54]
+    assert system_prompt_end(cache, msgs[1:], render(msgs[1:]), render) == 0  # no system message
+    assert system_prompt_end(cache, msgs[:1], render(msgs[:1]), render) == 0  # nothing after it
+
+    def refuse(msgs):
+        raise ChatTemplateError("this template wants a user turn first")
+
+    assert system_prompt_end(cache, msgs, prompt, refuse) == 0
