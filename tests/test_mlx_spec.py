@@ -94,10 +94,10 @@ def test_stop_string_constraint_penalty_and_logprobs_same(target):
              SamplingParams(temperature=0, max_tokens=30, logprobs=2)]
 
     def run(p):
-        ids, last = _run(target, prompt, p)
-        chunks = list(target.generate(prompt, p)) if p.logprobs else []
+        target.reset_cache()
+        chunks = list(target.generate(prompt, p))
         lps = [(x.token_id, round(x.logprob, 4), x.top_ids) for c in chunks for x in c.logprobs or []]
-        return ids, last.finish_reason, lps
+        return [c.token_id for c in chunks], chunks[-1].finish_reason, lps
 
     _set(target, "off")
     plain = [run(p) for p in cases]

@@ -21,6 +21,12 @@ min-p, temperature, then a categorical draw from ``mx.random`` keyed by ``seed``
 temperature <= 0). GBNF grammars are llama.cpp-only (BackendUnavailableError). A token control
 (``backends/control.py``: reasoning budget, constraints) forces tokens or masks the logits before the draw.
 
+**Speculative decoding** (``set_speculation``, ``mlx_spec.py``): prompt lookup or a draft model; a step
+feeds the pending token and the drafted ones together and keeps the drafts the target's own samples agree
+with, so the text is that of plain decoding. **Prompt-cache tiers** (``kv_cache`` set by
+``mlx_cache.attach_mlx_kv_cache``): the cache is saved to RAM/disk before a prompt cuts it, and a saved
+prefix is restored when it covers more of a new prompt.
+
 **What ``serve`` does on MLX**: there is no multi-sequence ``step()`` here (a ``SingleStreamEngine``, not a
 ``BatchEngine``), so ``backends.as_batch_engine`` wraps it in ``SerialEngine`` and the server runs requests
 one at a time through ``generate`` (a queue; the next request starts when the previous one's

@@ -269,14 +269,19 @@ class ChatSession:
         return p
 
     def _save_kv(self, path: Path) -> None:
-        """The conversation's KV (llama.cpp's slot 0, what chat runs on) next to the messages, so /load and
-        --resume continue without prefilling it (``backends/kv_cache.py``). Other backends: nothing."""
-        if getattr(self.engine, "backend", None) != "llamacpp":  # a test's stand-in has none
+        """The conversation's KV (llama.cpp's slot 0, what chat runs on; MLX's prompt cache) next to the
+        messages, so /load and --resume continue without prefilling it (``backends/kv_cache.py``,
+        ``backends/mlx_cache.py``)."""
+        backend = getattr(self.engine, "backend", None)
+        if backend not in ("llamacpp", "mlx"):  # a test's stand-in has none
             return
         from localrun.backends.kv_cache import save_slot_file
+        from localrun.backends.mlx_cache import save_mlx_file
 
         try:
-            if not save_slot_file(self.engine, self.engine.slots[0], path):
+            wrote = (save_mlx_file(self.engine, path) if backend == "mlx"
+                     else save_slot_file(self.engine, self.engine.slots[0], path))
+            if not wrote:
                 path.unlink(missing_ok=True)  # no KV now: an older snapshot must not outlive its messages
         except OSError as e:
             self.notices.append(f"the KV cache was not saved ({e}); /load will prefill the conversation")
@@ -284,11 +289,15 @@ class ChatSession:
     def _load_kv(self, path: Path) -> int:
         """Restore the KV saved next to the messages → tokens restored (0: none, or not usable: said in
         ``notices``; the next turn then prefills the conversation)."""
-        if getattr(self.engine, "backend", None) != "llamacpp" or not path.is_file():
+        backend = getattr(self.engine, "backend", None)
+        if backend not in ("llamacpp", "mlx") or not path.is_file():
             return 0
         from localrun.backends.kv_cache import SnapshotFileError, load_slot_file
+        from localrun.backends.mlx_cache import load_mlx_file
 
         try:
+            if backend == "mlx":
+                return load_mlx_file(self.engine, path)
             return load_slot_file(self.engine, self.engine.slots[0], path)
         except (SnapshotFileError, OSError) as e:
             self.notices.append(f"ignored the saved KV cache {path.name} ({e}); the next turn prefills the "
