@@ -64,7 +64,7 @@ class FakeLoader:
             self.engines[path] = eng
         return self.engines[path]
 
-    def plan(self, path: str, n_ctx: int | None = None) -> Planned:
+    def plan(self, path: str, n_ctx: int | None = None, held: dict | None = None) -> Planned:
         asked = {"n_ctx": n_ctx or 8192, "kv_type": "f16"}
         return Planned(path, Need(0, self.needs[path]), fits=self.fits.get(path, True),
                        reasons=[f"{path} needs {self.needs[path]} bytes"], asked=asked,
@@ -362,8 +362,9 @@ def test_num_ctx_reloads_a_resident_with_another_context(tmp_path, files):
     async def body(http):
         assert (await gen(http, files["a"])).status_code == 200
         first = loader.engines[files["a"]]
-        r = await gen(http, files["a"], options={"num_ctx": 1024})  # Ollama: another context reloads
+        r = await gen(http, "a:latest", options={"num_ctx": 1024})  # Ollama: another context reloads
         assert r.status_code == 200 and loader.loads[files["a"]] == 2 and first.closed
+        assert r.json()["model"] == "a"  # the name it had, whatever name the reloading request used
         assert ctx_of(reg, files["a"]) == 1024
         ps = (await http.get("/api/ps")).json()["models"]
         assert ps[0]["context_length"] == 1024

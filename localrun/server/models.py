@@ -356,11 +356,12 @@ class ModelRegistry:
             await self._finish_unload(r, "reload")
         finally:
             r.reloading = False
-        new = await self._load(r.key, name, n_ctx)
+        new = await self._load(r.key, name, n_ctx, model_id=r.model_id)  # the same name in /api/ps and metrics
         new.pinned, new.keep_alive_s = new.pinned or pinned, keep
         return new
 
-    async def _load(self, key: str, name: str | None, n_ctx: int | None = None) -> Resident:
+    async def _load(self, key: str, name: str | None, n_ctx: int | None = None, *,
+                    model_id: str | None = None) -> Resident:
         from starlette.concurrency import run_in_threadpool
 
         if self.loader is None:
@@ -377,7 +378,7 @@ class ModelRegistry:
             self._notify()
             raise
         load_s = time.perf_counter() - t0
-        mid = _model_id(name, engine.model_path)
+        mid = model_id or _model_id(name, engine.model_path)
         st = self.adopt(engine, plan=planned.plan, hardware=planned.hardware, model_id=mid, owned=True,
                         pinned=False, planned=planned, load_s=load_s, key=key)
         self._reserved.pop(key, None)
