@@ -49,7 +49,7 @@ def test_fit_table_says_the_tiers(deepseek_header_path):
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "KV tiers" in ln)
     assert "RAM 512.0 MiB" in line and "disk off (serve --cache-dir DIR)" in line
-    assert "4096-token snapshot" in line and "from RAM" in line and "from disk" in line
+    assert "snapshot of 4096 tokens" in line and "from RAM" in line and "from disk" in line
 
 
 def test_a_slower_disk_restores_slower_and_more_parallel_sequences_mean_smaller_snapshots(deepseek_header_path):

@@ -177,7 +177,7 @@ def _tiers_line(t) -> str:
     disk = (f"disk {fmt_bytes(t.disk_bytes)} in {t.disk_dir}" if t.disk_dir is not None
             else "disk off (serve --cache-dir DIR)")
     prefill = f", prefill ≈ {t.prefill_s:.2g} s" if t.prefill_s else ""
-    return (f"  KV tiers: {ram} · {disk} · a {t.snapshot_tokens}-token snapshot ({fmt_bytes(t.snapshot_bytes)}) "
+    return (f"  KV tiers: {ram} · {disk} · a snapshot of {t.snapshot_tokens} tokens ({fmt_bytes(t.snapshot_bytes)}) "
             f"restores in ≈ {t.restore_ram_s:.2g} s from RAM, ≈ {t.restore_disk_s:.2g} s from disk "
             f"({t.disk_kind}, {t.disk_read_gbps:g} GB/s){prefill}")
 
