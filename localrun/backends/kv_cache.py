@@ -28,6 +28,7 @@ request with that system prompt and another user turn restores it, on sliding-wi
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -35,7 +36,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from localrun.backends.kv_files import (
     MAGIC,
@@ -97,9 +98,10 @@ class KVCache:
     (created), None for no disk tier; ``disk_bytes``: bytes of files in ``disk_dir`` at most. Thread-safe.
     """
 
-    def __init__(self, model_id: str, settings: dict, *, ram_bytes: int, disk_dir: str | os.PathLike | None = None,
+    def __init__(self, model_id: str | Callable[[], str], settings: dict, *, ram_bytes: int,
+                 disk_dir: str | os.PathLike | None = None,
                  disk_bytes: int = 0, min_tokens: int = MIN_TOKENS) -> None:
-        self.model_id = model_id
+        self._model_id = model_id  # or a function giving it: hashed on the first disk access, not at load
         self.settings = settings
         self.ram_bytes = max(0, int(ram_bytes))
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
@@ -112,6 +114,13 @@ class KVCache:
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
             self._scan()
+
+    @property
+    def model_id(self) -> str:
+        """16 hex digits naming the model (``kv_files.model_identity``); computed when first needed."""
+        if callable(self._model_id):
+            self._model_id = self._model_id()
+        return self._model_id
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -436,8 +445,11 @@ def attach_kv_cache(engine, *, ram_bytes: int | None, disk_dir: str | os.PathLik
 
         ram_bytes = default_cache_ram_bytes(psutil.virtual_memory().available)
         log.info("kv cache: RAM tier %d MiB (the default)", ram_bytes >> 20)
-    mid = model_identity(engine.model_path)
-    folder = Path(disk_dir) / mid if disk_dir is not None else None
+    if disk_dir is not None:  # the folder is named by the model: hash it now
+        mid = model_identity(engine.model_path)
+        folder = Path(disk_dir) / mid
+    else:  # RAM only: the identity matters only for files (/save), so it is hashed then, off the load path
+        mid, folder = functools.partial(model_identity, engine.model_path), None
     cache = KVCache(mid, engine_settings(engine), ram_bytes=ram_bytes, disk_dir=folder, disk_bytes=disk_bytes)
     engine.kv_cache = cache
     return cache

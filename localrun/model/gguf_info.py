@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.errors import ModelFormatError, ModelNotFoundError
+from localrun.model import header_cache
 from localrun.model.spec import FILE_TYPES, GGML_TYPES, ModelSpec, TensorInfo, ggml_type_id, ggml_type_info
 
 __all__ = ["read_gguf", "file_status", "read_array_string", "ModelSpec", "TensorInfo", "GGML_TYPES", "FILE_TYPES",
@@ -169,8 +170,15 @@ def read_gguf(path: str | os.PathLike, *, all_arrays: bool = False) -> ModelSpec
 @functools.lru_cache(maxsize=32)
 def _read_cached(spath: str, file_bytes: int, mtime_ns: int) -> ModelSpec:
     # keyed by size and mtime: a file rewritten in place (a resumed download) is read again. `ls`, `show`
-    # and `fit` read the same headers many times (a 262k-token vocabulary costs ~0.3 s to skip)
-    return _read(Path(spath), file_bytes)
+    # and `fit` read the same headers many times (a 262k-token vocabulary costs ~0.3 s to skip), and a
+    # server's cold start reads it on the request path: the on-disk cache (model/header_cache.py) keeps it
+    # across processes
+    spec = header_cache.load(spath, file_bytes, mtime_ns)
+    if spec is None:
+        spec = _read(Path(spath), file_bytes)
+        header_cache.store(spec, mtime_ns)
+    spec.string_reader = functools.partial(read_array_string, spath, file_bytes)
+    return spec
 
 
 def _read(p: Path, file_bytes: int, all_arrays: bool = False) -> ModelSpec:
