@@ -11,18 +11,27 @@ which is checked):
 * draft     — the draft pair on the nolookup prompt: speed-up and acceptance rate, adaptive (``draft``: on a
               CPU this pair cannot win, the draft costs ~0.7 of a target step) and fixed-length (``draft-fixed``).
 
-Usage: python benches/speculative.py [--rounds 3] [--max-tokens 200] [--draft-max 8]
-Prints one line per measurement and the ratios (mode / off) from the medians.
+The peer, in the same rounds: llama.cpp's own llama-server (``--llama-server PATH``, env ``LLAMA_SERVER``,
+default /tmp/peer/build/bin/llama-server; skipped with a printed reason when absent) on the edit workload with
+its n-gram drafter and on the draft pair with ``--model-draft`` (benches/speculative_peer.py), the same
+target, threads, context and greedy settings, its decode tok/s from its own timings.
+
+Usage: python benches/speculative.py [--rounds 3] [--max-tokens 200] [--draft-max 8] [--threads N]
+Prints one line per measurement, the ratios (mode / off) from the medians, localrun against llama-server,
+and the load average (the machine is shared: numbers under load are noisy).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from speculative_peer import PeerServer, find_llama_server
 
 
 def smollm_q4_1() -> Path:
@@ -72,6 +81,7 @@ def main() -> None:
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", default=None, help="run only the workloads whose name contains this")
+    ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server (default: $LLAMA_SERVER)")
     a = ap.parse_args()
 
     from localrun.backends import load_engine
@@ -83,8 +93,9 @@ def main() -> None:
     draft = smollm_q4_1()
     target = quantize_q8_0(draft, tmp / "SmolLM2-135M-Instruct.Q8_0.gguf")
     plan = simple_plan(read_gguf(target), n_ctx=1024, n_parallel=8)
-    if a.threads:
-        plan.n_threads = plan.n_threads_batch = a.threads
+    from localrun.backends.llamacpp_lib import physical_cores
+
+    plan.n_threads = plan.n_threads_batch = a.threads or plan.n_threads or physical_cores()  # the peer's too
     eng = load_engine(target, plan)
 
     def chat(text):
@@ -101,7 +112,8 @@ def main() -> None:
     free = chat("Write a short story about a lighthouse keeper who finds a map in a bottle.")
     p = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     print(f"target {target.name} ({target.stat().st_size / 2**20:.0f} MiB), draft {draft.name}; "
-          f"edit prompt {len(edit)} tokens, {a.max_tokens} tokens out, {a.rounds} rounds interleaved")
+          f"edit prompt {len(edit)} tokens, {a.max_tokens} tokens out, {a.rounds} rounds interleaved, "
+          f"{plan.n_threads} threads; load average {os.getloadavg()[0]:.1f}")
 
     cases = [  # (name, prompts, mode, draft, metric)
         ("edit", [edit], "off", None, "decode"), ("edit", [edit], "ngram", None, "decode"),
@@ -112,6 +124,21 @@ def main() -> None:
         ("nolookup x8", [free] * 8, "off", None, "aggregate"), ("nolookup x8", [free] * 8, "auto", None, "aggregate"),
         ("edit x8", edits8, "off", None, "aggregate"), ("edit x8", edits8, "auto", None, "aggregate"),
     ]
+    binary, why = find_llama_server(a.llama_server)
+    peers: dict[str, PeerServer] = {}
+    if binary is None:
+        print(f"llama-server comparison skipped: {why}")
+    else:
+        for kind in ("off", "ngram", "draft"):
+            peers[kind] = PeerServer(binary, target, kind, draft=draft, draft_max=a.draft_max, n_ctx=plan.n_ctx,
+                                     threads=plan.n_threads, flash_attn=plan.flash_attn,
+                                     log=tmp / f"llama-server-{kind}.log")
+        for peer in peers.values():
+            peer.wait_ready()
+        cases[3:3] = [("edit", [edit], "llama-server off", None, "decode"),
+                      ("edit", [edit], "llama-server ngram", None, "decode")]
+        cases[8:8] = [("draft pair", [free], "llama-server off", None, "decode"),
+                      ("draft pair", [free], "llama-server draft", None, "decode")]
     if a.only:
         cases = [c for c in cases if a.only in c[0]]
     res: dict[tuple[str, str], list[float]] = {}
@@ -119,6 +146,14 @@ def main() -> None:
     ref: dict[str, list] = {}
     for r in range(a.rounds):
         for name, prompts, mode, dpath, metric in cases:
+            if mode.startswith("llama-server"):
+                toks, val, d, k = peers[mode.split()[-1]].complete(prompts[0], a.max_tokens)
+                same = ref.get(name, [toks])[0] == toks
+                res.setdefault((name, mode), []).append(val)
+                acc.setdefault((name, mode), []).append((d, k))
+                print(f"round {r} {name:12s} {mode:18s} {metric} {val:7.1f} tok/s  drafted {d:5d} accepted "
+                      f"{k:5d}  same text as localrun off: {same}", flush=True)
+                continue
             eng.set_speculation(mode.removesuffix("-fixed"), a.draft_max, dpath)
             if mode.endswith("-fixed"):  # always draft_max tokens: the acceptance rate, whatever it costs
                 eng.speculation.adaptive = False
@@ -128,7 +163,7 @@ def main() -> None:
             res.setdefault((name, mode), []).append(val)
             d, k = sum(s.draft_tokens for s in stats), sum(s.accepted_tokens for s in stats)
             acc.setdefault((name, mode), []).append((d, k))
-            print(f"round {r} {name:12s} {mode:6s} {metric} {val:7.1f} tok/s  drafted {d:5d} accepted {k:5d}"
+            print(f"round {r} {name:12s} {mode:18s} {metric} {val:7.1f} tok/s  drafted {d:5d} accepted {k:5d}"
                   f"  same text as off: {same}", flush=True)
     print("\nmedians and ratios against off:")
     for name in dict.fromkeys(c[0] for c in cases):
@@ -139,8 +174,21 @@ def main() -> None:
             d = sum(x for x, _ in acc[(n, mode)])
             k = sum(y for _, y in acc[(n, mode)])
             rate = f"{k / d:.2f}" if d else "-"
-            print(f"  {name:12s} {mode:6s} {statistics.median(vals):7.1f} vs off {off:7.1f} tok/s = "
+            print(f"  {name:12s} {mode:18s} {statistics.median(vals):7.1f} vs off {off:7.1f} tok/s = "
                   f"{statistics.median(vals) / off:.2f}x  acceptance {rate}")
+    if peers:
+        print("\nlocalrun against llama-server (decode tok/s, medians; goal >= 1.0x):")
+        for name, mine, theirs in (("edit", "off", "llama-server off"), ("edit", "ngram", "llama-server ngram"),
+                                   ("edit", "auto", "llama-server ngram"),
+                                   ("draft pair", "off", "llama-server off"),
+                                   ("draft pair", "draft", "llama-server draft"),
+                                   ("draft pair", "draft-fixed", "llama-server draft")):
+            if (name, mine) in res and (name, theirs) in res:
+                m, t = statistics.median(res[(name, mine)]), statistics.median(res[(name, theirs)])
+                print(f"  {name:12s} localrun {mine:11s} {m:7.1f} vs {theirs:18s} {t:7.1f} = {m / t:.2f}x")
+        for peer in peers.values():
+            peer.stop()
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     eng.close()
 
 
