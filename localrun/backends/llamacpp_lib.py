@@ -45,11 +45,13 @@ class LlamaLog:
     _partial = ""
     _callback = None
     _lock = threading.Lock()
+    echo = bool(os.environ.get("LOCALRUN_DEBUG") or os.environ.get("LOCALRUN_VERBOSE"))  # copy lines to stderr
 
     @classmethod
     def install(cls, C) -> None:
         if cls._callback is not None:
             return
+        cls.mark()
 
         @C.llama_log_callback
         def _cb(level: int, text: bytes, user_data) -> None:
@@ -59,7 +61,7 @@ class LlamaLog:
                 *done, cls._partial = buf.split("\n")
                 cls.lines.extend(done)
                 cls.total += len(done)
-            if os.environ.get("LOCALRUN_DEBUG") or os.environ.get("LOCALRUN_VERBOSE"):
+            if cls.echo:
                 sys.stderr.write(s)
 
         cls._callback = _cb  # keep a reference: C holds only the pointer
@@ -67,6 +69,9 @@ class LlamaLog:
 
     @classmethod
     def mark(cls) -> int:
+        """The running line count; also re-reads ``LOCALRUN_DEBUG``/``LOCALRUN_VERBOSE`` (a load logs ~2,000
+        lines: the callback does not look the environment up for each)."""
+        cls.echo = bool(os.environ.get("LOCALRUN_DEBUG") or os.environ.get("LOCALRUN_VERBOSE"))
         return cls.total
 
     @classmethod
