@@ -4,7 +4,8 @@ same threads, context and greedy settings, one slot.
 Drafters, as close to localrun's as llama-server's options allow (tools/server/README.md, common/arg.cpp):
   ngram  ``--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m DRAFT_MAX``: the
          continuation of the last 3 tokens' latest match in the context (localrun: the longest of 4..2);
-  draft  ``--model-draft DRAFT --spec-draft-n-max DRAFT_MAX`` (``-td`` the same threads), its defaults for the
+  draft  ``--spec-type draft-simple --model-draft DRAFT --spec-draft-n-max DRAFT_MAX`` (without the type, this
+         llama-server loads the draft model and never drafts) (``-td`` the same threads), its defaults for the
          rest (``--spec-draft-p-min`` 0.75: it stops drafting below that draft probability, its own adaptivity);
   off    no speculation.
 A request is the prompt as token ids on ``/completion`` (``cache_prompt`` false, ``ignore_eos``), and its
@@ -50,7 +51,8 @@ class PeerServer:
             cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                     "--spec-ngram-simple-size-m", str(draft_max)]
         elif kind == "draft":
-            cmd += ["--model-draft", str(draft), "--spec-draft-n-max", str(draft_max), "-td", str(threads),
+            cmd += ["--spec-type", "draft-simple", "--model-draft", str(draft), "--spec-draft-n-max", str(draft_max),
+                    "-td", str(threads),
                     "-tbd", str(threads), "-ngld", "0"]
         with open(log, "ab") as f:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
