@@ -16,7 +16,7 @@ same cores, so the split is slower than one process: the ratio to it says what t
 real second machine brings.
 
     LLAMA_SERVER=/path/llama-server RPC_SERVER=/path/rpc-server python benches/rpc.py [--rounds 3]
-        [--tokens 128] [--threads 2] [--ctx 1024] [--ngl N] [--model PATH]
+        [--tokens 128] [--threads 1] [--ctx 1024] [--ngl N] [--model PATH]
 
 Without the two binaries the llama.cpp row is skipped with the reason printed. Not a test: it prints
 numbers, the load average before and after, and ratios; nothing is asserted.
@@ -123,7 +123,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    # one thread per process: three processes (two workers + the main one) with 2 threads each on this 2-core
+    # box spin at ggml's barriers and decode 10× slower and erratically (0.5–9.6 tok/s measured)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--ngl", type=int, default=None, help="layer slots on the workers (default: 2/3 of them)")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
