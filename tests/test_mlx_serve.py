@@ -225,6 +225,19 @@ def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
         assert ps["serving"] == "mlx, requests served one at a time" and ps["n_ctx"] == 512
         c = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=300, max_retries=0)
         assert "Tokyo" in chat(c, "What is the capital of Japan?", max_tokens=16)
+        # KV tiers on MLX (--cache-ram auto): a conversation that comes back after another client's prompt
+        # took the one slot restores its prefix from the RAM tier instead of prefilling it
+        doc = " ".join(f"Fact {i}: the river number {i} flows into lake number {i + 1}." for i in range(12))
+
+        def ask(question: str) -> None:
+            c.chat.completions.create(model="smollm", temperature=0, max_tokens=2, messages=[
+                {"role": "system", "content": doc}, {"role": "user", "content": question}])
+
+        ask("Which lake does river 3 flow into?")
+        chat(c, "Say hello.", max_tokens=2)  # another prompt takes the slot: the first one's KV goes to RAM
+        ask("Which lake does river 5 flow into?")
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        assert metric_value(metrics, "localrun_kv_tier_hits_total", tier="ram") >= 1, metrics
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -128,6 +128,16 @@ class SerialEngine:
     def supports_tools(self) -> bool:
         return self.engine.supports_tools
 
+    @property
+    def kv_cache(self):
+        """The wrapped engine's KV tiers (``mlx_cache.MlxKVCache``), None when off: /metrics reads them."""
+        return self.engine.kv_cache
+
+    @property
+    def speculation(self):
+        """The wrapped engine's speculative decoding (``mlx_spec``), None when off: /metrics reads its totals."""
+        return self.engine.speculation
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         with self._tok_lock:
             return self.engine.tokenize(text, add_special=add_special, parse_special=parse_special)

@@ -134,6 +134,10 @@ class PlannerLoader:
             from localrun.backends.kv_cache import attach_kv_cache
 
             attach_kv_cache(engine, **self.kv_tiers)
+        elif self.kv_tiers and engine.backend == "mlx":  # mlx-lm's prompt cache in the same RAM/disk tiers
+            from localrun.backends.mlx_cache import attach_mlx_kv_cache
+
+            attach_mlx_kv_cache(engine, **self.kv_tiers)
         return engine
 
 

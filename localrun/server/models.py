@@ -580,7 +580,7 @@ class ModelRegistry:
             factory = no_embeddings
         mid = opts.model_id or Path(engine.model_path).name.removesuffix(".gguf")
         view = self.metrics.for_model(mid, engine.n_parallel, engine.n_ctx * engine.n_parallel)
-        view.watch_kv_cache(engine.kv_cache if engine.backend == "llamacpp" else None)  # --cache-ram/--cache-dir
+        view.watch_kv_cache(engine.kv_cache)  # --cache-ram/--cache-dir (both engines; None = no tiers)
         view.watch_speculation(engine)  # serve --spec: drafted / accepted tokens in /metrics
         return ServerState(engine, self.settings, replace(opts, model_id=mid), view, factory, reader=self.reader)
 
