@@ -70,6 +70,8 @@ class ScriptedEngine:
     model_path = "/nonexistent/scripted-fake.gguf"
     spec = None
     add_bos = False
+    kv_cache = None  # no KV tiers
+    speculation = None  # no speculative decoding
     has_chat_template = False
     supports_tools = False
     template_source = None

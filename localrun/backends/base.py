@@ -15,7 +15,7 @@ Lengths are tokens, times seconds (``time.perf_counter``), rates tokens/second.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from localrun.model.gguf_info import ModelSpec
@@ -186,6 +186,8 @@ class Engine(Protocol):
     n_ctx: int  # context window per sequence, tokens
     spec: ModelSpec | None  # the GGUF header; None for an MLX folder
     add_bos: bool | None  # whether tokenize(add_special=True) starts with BOS (None: the tokenizer decides)
+    kv_cache: Any  # its KV snapshot tiers (backends/kv_cache.py KVCache, mlx_cache.MlxKVCache), None = off
+    speculation: Any  # speculative decoding (.totals(): drafted / accepted tokens), None = off
 
     @property
     def has_chat_template(self) -> bool: ...
