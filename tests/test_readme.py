@@ -30,10 +30,10 @@ class Example:
 def examples() -> list[Example]:
     """The `$ ` commands of README's code blocks (a trailing backslash continues one), with their output."""
     out: list[Example] = []
-    in_block, cont = False, False
+    in_block, cont, current = False, False, False  # current: a command of this block is open
     for line in README.read_text().splitlines():
         if line.startswith("```"):
-            in_block, cont = not in_block, False
+            in_block, cont, current = not in_block, False, False
             continue
         if not in_block:
             continue
@@ -42,8 +42,8 @@ def examples() -> list[Example]:
             cont = line.rstrip().endswith("\\") or _open_quote(out[-1].cmd)
         elif line.startswith("$ "):
             out.append(Example(line[2:].rstrip().rstrip("\\").strip()))
-            cont = line.rstrip().endswith("\\") or _open_quote(out[-1].cmd)
-        elif out and line.strip():
+            cont, current = line.rstrip().endswith("\\") or _open_quote(out[-1].cmd), True
+        elif current and line.strip():  # output belongs to the command above it in the same block
             out[-1].shown.append(line)
     return out
 
