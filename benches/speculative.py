@@ -133,7 +133,10 @@ def main() -> None:
             peers[kind] = PeerServer(binary, target, kind, draft=draft, draft_max=a.draft_max, n_ctx=plan.n_ctx,
                                      threads=plan.n_threads, flash_attn=plan.flash_attn,
                                      log=tmp / f"llama-server-{kind}.log")
+        import atexit
+
         for peer in peers.values():
+            atexit.register(peer.stop)  # an error or Ctrl-C in the rounds must not leave servers behind
             peer.wait_ready()
         cases[3:3] = [("edit", [edit], "llama-server off", None, "decode"),
                       ("edit", [edit], "llama-server ngram", None, "decode")]
