@@ -112,6 +112,7 @@ class _Spec:
     def __init__(self, tokens, model="gpt2", bos=1, eos=2):
         self.metadata = {"tokenizer.ggml.model": model}
         self.tokens, self.bos_token_id, self.eos_token_id = tokens, bos, eos
+        self.array_offsets: dict = {}  # a header whose token array was not read: the first and last 256 ids
 
     @property
     def vocab_size(self):
