@@ -18,24 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import time
 from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, TokenLogprob
 from localrun.backends.control import build_control
-from localrun.backends.llamacpp_lib import (
-    LlamaLog,
-    cpu_advertises_amx,
-    cpu_moe_overrides,
-    import_llama,
-    last_errors,
-    physical_cores,
-    weight_overrides,
-    weight_placement,
-)
+from localrun.backends.llamacpp_lib import LlamaLog, import_llama, last_errors, physical_cores
+from localrun.backends.llamacpp_params import context_params, model_params
 from localrun.backends.llamacpp_seq import Generation, Slot
-from localrun.backends.rpc import model_devices, plan_endpoints
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
@@ -43,8 +33,6 @@ from localrun.errors import (
     LocalrunError,
     UnsupportedArchitectureError,
 )
-
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 
 class _AbortFlag:
@@ -90,35 +78,10 @@ class LlamaCppEngine:
         C.llama_backend_init()
         mark = LlamaLog.mark()
 
-        mp = C.llama_model_default_params()
-        mp.n_gpu_layers = int(plan.n_gpu_layers if plan.n_gpu_layers >= 0 else 1_000_000)
-        mp.use_mmap = bool(plan.use_mmap)
-        mp.use_mlock = bool(plan.use_mlock)
-        mp.main_gpu = int(plan.main_gpu)
-        # the planner's device split (offload/devices.py): llama_split_mode NONE 0 (main_gpu alone), LAYER 1, ROW 2
-        mp.split_mode = {"none": 0, "layer": 1, "row": 2}[getattr(plan, "split_mode", "layer") or "layer"]
-        self._rpc_devices = None
-        if plan_endpoints(plan):  # RPC workers' devices first, then the local GPUs (backends/rpc.py)
-            self._rpc_devices, _ = model_devices(plan_endpoints(plan))
-            mp.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
-        if plan.tensor_split:
-            arr_t = ctypes.c_float * max(len(plan.tensor_split), C.llama_max_devices())
-            self._tensor_split = arr_t(*plan.tensor_split)
-            mp.tensor_split = ctypes.cast(self._tensor_split, ctypes.POINTER(ctypes.c_float))
-        # which buffer type each weight goes to: MoE experts kept on the CPU, AMX off, CPU_REPACK by name
-        self._overrides, use_extra_bufts, self.repacked = weight_placement(self.spec, plan, cpu_advertises_amx())
-        self.batch_invariant = int(plan.n_parallel) > 1 and not os.environ.get("LOCALRUN_REPACK_PARALLEL")
-        if self.batch_invariant:
-            # several sequences: no repacked CPU weights. Their GEMM takes rows four at a time and the rest
-            # with a GEMV (ggml-cpu/repack.cpp forward_mul_mat_one_chunk), which round differently: Gemma-3's
-            # logits moved by up to 0.6 with the batch size, and greedy text with them. Without it decode
-            # batches of equal-length sequences give bit-identical logits for every batch size (Gemma-3 still
-            # differs when lengths differ: open, tests/test_batch_equivalence.py)
-            self._overrides = weight_overrides(cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0)))
-            use_extra_bufts, self.repacked = False, False
-        mp.use_extra_bufts = use_extra_bufts
-        if self._overrides is not None:
-            mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+        mparams = model_params(C, plan, self.spec)  # llamacpp_params.py: devices, split, weight placement
+        mp, self._keep = mparams.params, mparams.keep
+        self.repacked, self.batch_invariant = mparams.repacked, mparams.batch_invariant
+        self._rpc_devices = mparams.rpc_devices
         t0 = time.perf_counter()
         self.model = C.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
@@ -127,25 +90,7 @@ class LlamaCppEngine:
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
 
         n_par = max(1, int(plan.n_parallel))
-        cp = C.llama_context_default_params()
-        cp.n_ctx = int(plan.n_ctx) * n_par
-        cp.n_batch = int(plan.n_batch)
-        cp.n_ubatch = int(min(plan.n_ubatch, plan.n_batch))
-        cp.n_seq_max = n_par
-        threads = plan.n_threads or physical_cores()
-        cp.n_threads = int(threads)
-        cp.n_threads_batch = int(plan.n_threads_batch or threads)
-        cp.flash_attn_type = {None: -1, True: 1, False: 0}[plan.flash_attn]
-        try:
-            cp.type_k = cp.type_v = KV_TYPES[plan.kv_type.lower()]
-        except KeyError:
-            raise LocalrunError(f"unknown KV-cache type {plan.kv_type!r}",
-                                hint=f"use one of {', '.join(KV_TYPES)}") from None
-        cp.offload_kqv = bool(plan.offload_kqv)
-        cp.swa_full = bool(plan.swa_full)
-        # unified: one KV buffer for all sequences (llama.cpp splits mixed batches freely); else one stream each
-        cp.kv_unified = bool(getattr(plan, "kv_unified", False))
-        cp.no_perf = True
+        cp = context_params(C, plan)
         self.ctx = C.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lines = LlamaLog.since(mark)
@@ -472,6 +417,9 @@ class LlamaCppEngine:
             g.slot.tokens.append(g.pending)
         if self._abort.take() or rc == 2:
             raise KeyboardInterrupt  # interrupt() or Ctrl-C: the caller's loop stops, as on Ctrl-C between steps
+        for g, _ in prefill:  # a prompt done: the draft model's KV too, inside the time to first token
+            if g.spec is not None and g.n_prompt_done == len(g.prompt) and self.speculation is not None:
+                self.speculation.prompt_done(g)
         events = []
         now = time.perf_counter()
         for g, idx in outputs:

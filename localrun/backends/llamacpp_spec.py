@@ -23,10 +23,10 @@ from localrun.backends.spec_decode import (
     DRAFT_MAX_DEFAULT,
     SPEC_MODES,
     Acceptance,
+    DraftLength,
     NgramDrafter,
     SeqSpec,
     StepCost,
-    choose_k,
     target_probs,
 )
 from localrun.backends.text import common_prefix
@@ -135,24 +135,7 @@ class DraftModel:
     def propose(self, items: Sequence[tuple[int, list[int], object]], k: int) -> list[tuple[list[int], list]]:
         """``items``: (sequence id, its context tokens, ``pick``) where ``pick(logits) -> (token, q row or
         None)`` chooses a draft token (argmax, or a draw from q). Returns per item (``k`` tokens, q rows)."""
-        C = self.C
-        rows: dict[int, object] = {}
-        todo: list[tuple[int, int, int, bool]] = []  # (seq, pos, token, wants logits)
-        for seq, ctx_tokens, _ in items:
-            mirror = self.mirrors[seq]
-            keep = min(common_prefix(mirror, ctx_tokens), len(ctx_tokens) - 1)
-            C.llama_memory_seq_rm(self.mem, seq, keep, -1)
-            del mirror[keep:]
-            for j in range(keep, len(ctx_tokens)):
-                todo.append((seq, j, ctx_tokens[j], j == len(ctx_tokens) - 1))
-            mirror.extend(ctx_tokens[keep:])
-        for lo in range(0, len(todo), self.n_batch):  # catch-up, in chunks of n_batch tokens
-            part = todo[lo:lo + self.n_batch]
-            self._decode([(s, p, t, w) for s, p, t, w in part])
-            for i, (s, _, _, w) in enumerate(part):
-                if w:
-                    rows[s] = self.logits(i).copy()
-        self.caught_up = len(todo)  # tokens decoded to catch up (a new prompt's prefill included)
+        rows = self.catch_up([(seq, ctx_tokens) for seq, ctx_tokens, _ in items])
         out: dict[int, tuple[list[int], list]] = {seq: ([], []) for seq, _, _ in items}
         for step in range(k):
             dec = []
@@ -168,6 +151,32 @@ class DraftModel:
                 for i, (s, _, _, _) in enumerate(dec):
                     rows[s] = self.logits(i).copy()
         return [out[seq] for seq, _, _ in items]
+
+    def catch_up(self, items: Sequence[tuple[int, list[int]]]) -> dict[int, object]:
+        """Bring each (sequence id, context tokens)'s KV up to its context: what the mirror already holds
+        is kept, the rest decoded in chunks of ``n_batch``, and the last token re-decoded when nothing else
+        is, for its logits. Returns {sequence id: logits row after the context}; ``caught_up`` = tokens
+        decoded. The engine calls it once a prompt is prefilled (``Speculation.prompt_done``), so the draft's
+        prefill counts in the time to first token, not in decode."""
+        C = self.C
+        rows: dict[int, object] = {}
+        todo: list[tuple[int, int, int, bool]] = []  # (seq, pos, token, wants logits)
+        for seq, ctx_tokens in items:
+            mirror = self.mirrors[seq]
+            keep = min(common_prefix(mirror, ctx_tokens), len(ctx_tokens) - 1)
+            C.llama_memory_seq_rm(self.mem, seq, keep, -1)
+            del mirror[keep:]
+            for j in range(keep, len(ctx_tokens)):
+                todo.append((seq, j, ctx_tokens[j], j == len(ctx_tokens) - 1))
+            mirror.extend(ctx_tokens[keep:])
+        for lo in range(0, len(todo), self.n_batch):  # catch-up, in chunks of n_batch tokens
+            part = todo[lo:lo + self.n_batch]
+            self._decode([(s, p, t, w) for s, p, t, w in part])
+            for i, (s, _, _, w) in enumerate(part):
+                if w:
+                    rows[s] = self.logits(i).copy()
+        self.caught_up = len(todo)  # tokens decoded to catch up (a new prompt's prefill included)
+        return rows
 
     def _decode(self, toks: list[tuple[int, int, int, bool]]) -> None:
         b = self.batch
@@ -218,10 +227,17 @@ class Speculation:
         # a drafted token costs little where decode is memory-bound (a GPU), about half a step on a CPU
         self.cost = StepCost(prior_extra=0.15 if engine.plan.n_gpu_layers != 0 else 0.5)
         self.t_step = 0.0
-        self.adaptive = True  # False: always draft as much as there is room for (tests, fixed-length benches)
+        self.policy = DraftLength()  # K per step: measured costs and acceptance (spec_decode.py)
         self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
-        self.since_verify = 0  # decode steps since the last verify step
-        self.probe_every = 64  # plain steps with drafts on offer before a verify step is tried anyway
+
+    @property
+    def adaptive(self) -> bool:
+        """False: always draft as much as there is room for (tests, fixed-length benches)."""
+        return self.policy.adaptive
+
+    @adaptive.setter
+    def adaptive(self, value: bool) -> None:
+        self.policy.adaptive = bool(value)
 
     def begin(self, prompt: Sequence[int], params) -> SeqSpec:
         if self.draft is not None:
@@ -232,6 +248,12 @@ class Speculation:
             sampled = params.temperature > 0 and _plain_chain(params)
             return SeqSpec(ngram=None, acceptance=Acceptance(prior_alpha=0.6), sampled=sampled)
         return SeqSpec(ngram=NgramDrafter(prompt), acceptance=Acceptance(prior_alpha=0.5))
+
+    def prompt_done(self, g: Generation) -> None:
+        """``g``'s prompt is in the target's KV: prefill it into the draft model's too (a draft model only),
+        so the first verify step drafts at once instead of paying that prefill inside decode."""
+        if self.draft is not None:
+            self.draft.catch_up([(g.slot.seq_id, list(g.prompt))])
 
     # -------------------------------------------------------------------- before the decode
     def plan(self, gens: Sequence[Generation]) -> int:
@@ -257,17 +279,8 @@ class Speculation:
             else:
                 sp.acceptance.forget()
                 lengths.append(max(0, k_room))
-        if self.adaptive and len(gens) not in self.cost.plain:
-            k = 0  # measure a plain step of this many sequences first: the yardstick of every verify step
-        elif self.adaptive:
-            k = choose_k([g.spec.acceptance.alpha for g in gens], lengths, max(0, k_room), self.cost,
-                         draft=self.draft is not None)
-        else:
-            k = max(0, k_room) if any(lengths) else 0
-        self.since_verify = 0 if k else self.since_verify + 1
-        if self.adaptive and k == 0 and any(lengths) and self.since_verify >= self.probe_every:
-            # a probe: a cost measured once under load (or a stale acceptance) must not keep speculation off
-            k, self.since_verify = min(max(lengths), max(0, k_room), 2), 0
+        k = self.policy.choose([g.spec.acceptance.alpha for g in gens], lengths, k_room, self.cost,
+                               draft=self.draft is not None)
         if k == 0:
             for g in gens:
                 g.spec.shadow, g.spec.draft, g.spec.real = g.spec.draft, [], 0

@@ -122,6 +122,8 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
     meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
     title, chosen, plans = plan_model_here(model, hw, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
                                            flash_attn=flash_attn, goal=goal, measurement=meas)
+    if chosen is not None and chosen.devices and chosen.source == "file" and (rpc or (detected and hw.gpus)):
+        _measure_compute(model, chosen)  # the devices are real: llama.cpp's dry run sizes their compute buffers
     if json_out:
         from localrun.render import print_json
 
@@ -138,6 +140,27 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
     else:
         _render(title, hw, chosen, plans, tier_args)
     return 0 if chosen is not None else 1
+
+
+def _measure_compute(model, plan) -> None:
+    """Each device's compute buffer as llama.cpp's dry run reserves it (``backends.llamacpp_dryrun``), in
+    place of the planner's estimate; a warning when that no longer fits, or when the dry run fails."""
+    from localrun.backends.llamacpp_dryrun import apply_measured_compute, measure_compute
+    from localrun.errors import LocalrunError
+    from localrun.store.resolve import resolve_model
+
+    try:
+        measured = measure_compute(str(resolve_model(model)), plan)
+    except LocalrunError as e:
+        plan.warnings.append(f"llama.cpp's dry run failed ({e}); the compute buffers are the planner's estimate")
+        return
+    if apply_measured_compute(plan, measured):
+        plan.reasons.append("compute buffers per device: llama.cpp's own dry run (no_alloc), not an estimate")
+    over = [d for d in plan.devices if not d["fits"]]
+    for d in over:
+        plan.warnings.append(f"device {d['index']} ({d.get('endpoint') or d['name']}) needs "
+                             f"{(d['total_bytes'] - d['budget_bytes']) / 2**20:.0f} MiB more than it has once "
+                             "llama.cpp's compute buffer is counted: lower --ctx or use --kv-type q8_0")
 
 
 def _tier_args(hw, detected: bool, cache_ram: str, cache_dir, cache_disk: str) -> dict:
