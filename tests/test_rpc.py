@@ -6,7 +6,10 @@
   there (its load log), within 2%. Weights and KV are the planner's arithmetic; the compute buffer comes
   from llama.cpp's own dry run (``backends.llamacpp_dryrun``, ``no_alloc``), since ggml-alloc's graph
   allocation (12–116 MiB for SmolLM2 on a worker, by flash attention, context and the graph's inputs) has
-  no closed form;
+  no closed form. One exception, measured: on SmolLM2 the dry run's first prefill graph puts the first
+  RMS norm of the output device's layers on the device before it, so the output device gets one more
+  input copy per pipeline copy (4 × n_embd × n_ubatch × 4 B = 4.5 MiB, 4% of its compute buffer) than
+  the real allocation; that device's figure may be over by up to 5%, never under. Gemma-3 matches exactly;
 - `serve --rpc`: killing a worker mid-stream ends that stream with an error event within 10 s (the read
   timeout), /health says unhealthy, the server process lives, and it serves again once the worker is back;
   a non-streaming request cut the same way gets a 503.
@@ -137,12 +140,14 @@ def allocated_by_device(lines: list[str], endpoints: list[str]) -> dict[str, dic
 
 
 @needs_rpc
-def test_fit_rpc_bytes_match_what_llama_cpp_allocates_per_device(workers, smollm_path):
+@pytest.mark.parametrize("which", ["smollm", "gemma"])
+def test_fit_rpc_bytes_match_what_llama_cpp_allocates_per_device(workers, which, request):
     from helpers import localrun_inprocess
 
     from localrun.backends.rpc import hardware_for
     from localrun.loading import load_model
 
+    smollm_path = request.getfixturevalue(f"{which}_path")
     r = localrun_inprocess("fit", str(smollm_path), "--rpc", ",".join(workers), "--ctx", "2048", "--json")
     assert r.returncode == 0, r.stderr
     fit = json.loads(r.stdout)
@@ -158,11 +163,14 @@ def test_fit_rpc_bytes_match_what_llama_cpp_allocates_per_device(workers, smollm
         loaded.engine.close()
     for d in planned:
         real = got[d["endpoint"]]
-        assert real.get("model") and real.get("KV"), (d["endpoint"], real)
+        assert real.get("model") and (real.get("KV") or not d["n_layers"]), (d["endpoint"], real)
         assert d["compute_source"] == "llama.cpp dry run" and real.get("compute"), (d, real)
         for planned_b, real_b, what in ((d["weights_bytes"], real["model"], "weights"),
-                                        (d["kv_bytes"], real["KV"], "KV cache"),
+                                        (d["kv_bytes"], real.get("KV", 0), "KV cache"),
                                         (d["compute_bytes"], real["compute"], "compute buffer")):
+            if what == "compute buffer" and d["output"]:  # the dry run's extra input copy (module doc)
+                assert real_b <= planned_b <= 1.05 * real_b, (d["endpoint"], what, planned_b, real_b, real)
+                continue
             assert abs(planned_b - real_b) <= 0.02 * real_b, (d["endpoint"], what, planned_b, real_b, real)
 
 

@@ -147,6 +147,7 @@ def _measure_compute(model, plan) -> None:
     place of the planner's estimate; a warning when that no longer fits, or when the dry run fails."""
     from localrun.backends.llamacpp_dryrun import apply_measured_compute, measure_compute
     from localrun.errors import LocalrunError
+    from localrun.offload.plan import split_reason
     from localrun.store.resolve import resolve_model
 
     try:
@@ -154,8 +155,10 @@ def _measure_compute(model, plan) -> None:
     except LocalrunError as e:
         plan.warnings.append(f"llama.cpp's dry run failed ({e}); the compute buffers are the planner's estimate")
         return
+    before = split_reason(plan, plan.n_layers)
     if apply_measured_compute(plan, measured):
         plan.reasons.append("compute buffers per device: llama.cpp's own dry run (no_alloc), not an estimate")
+    plan.reasons = [split_reason(plan, plan.n_layers) if r == before else r for r in plan.reasons]
     over = [d for d in plan.devices if not d["fits"]]
     for d in over:
         plan.warnings.append(f"device {d['index']} ({d.get('endpoint') or d['name']}) needs "

@@ -267,7 +267,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     plan.n_ctx_train = spec.n_ctx_train
     plan.reasons = _reasons(plan, spec, hw, gpu, ws, kv, tiers, unified)
     if devices:
-        plan.reasons[0] = _split_reason(plan, devices, n_layer)
+        plan.reasons[0] = split_reason(plan, n_layer)
         if row is not None:
             plan.reasons.insert(1, row[1])
     if fa and flash_attn is None and kv_type in QUANTIZED_KV and gpu is None:
@@ -282,14 +282,16 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     return plan
 
 
-def _split_reason(plan: Plan, devices, n_layer: int) -> str:
-    used = [d for d in devices if d.n_slots]
+def split_reason(plan: Plan, n_layer: int) -> str:
+    """The reason line for a split over several devices, from ``plan.devices`` (each device's layers and
+    bytes against what it can hold)."""
+    used = [d for d in plan.devices if d["n_layers"] or d["output"]]
     parts = []
     for d in used:
-        rng = f"layers {d.layers[0]}-{d.layers[-1]}" if d.layers else "no layers"
-        parts.append(f"GPU {d.index} {d.name}: {rng}{' + output' if d.output else ''} "
-                     f"({_gib(d.total_bytes)} of {_gib(d.budget_bytes)})")
-    n_on = sum(len(d.layers) for d in used)
+        rng = f"layers {d['layers'][0]}-{d['layers'][1] - 1}" if d["layers"] else "no layers"
+        parts.append(f"GPU {d['index']} {d['name']}: {rng}{' + output' if d['output'] else ''} "
+                     f"({_gib(d['total_bytes'])} of {_gib(d['budget_bytes'])})")
+    n_on = sum(d["n_layers"] for d in used)
     split = ",".join(f"{c:g}" for c in (plan.tensor_split or []))
     how = "rows" if plan.split_mode == "row" else "layer"
     return (f"{n_on} of {n_layer} layers split over {len(used)} GPUs by {how} (tensor_split {split}, in proportion "
