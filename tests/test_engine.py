@@ -193,14 +193,14 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
     reports a CPU_REPACK buffer the size of Gemma's Q4_K layer weights, and greedy text equals the
     unrepacked model's for 8 tokens (LOCALRUN_NO_REPACK=1; the GEMM sums in another order, so a long greedy
     run may part at a near-tie, as it does between llama.cpp builds)."""
-    from localrun.backends import llamacpp
+    from localrun.backends import llamacpp, llamacpp_params
     from localrun.backends.llamacpp_lib import ggml_lib
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
     if not ggml_lib("ggml-cpu").ggml_cpu_has_avx2():
         pytest.skip("no AVX2")
-    monkeypatch.setattr(llamacpp, "cpu_advertises_amx", lambda: True)
+    monkeypatch.setattr(llamacpp_params, "cpu_advertises_amx", lambda: True)
     spec = read_gguf(gemma_path)
     texts = {}
     for mode in ("plain", "repack"):
