@@ -2,7 +2,7 @@
 
 ``MlxEngine`` speaks the same ``Engine`` protocol as ``LlamaCppEngine`` (``base.py``): tokenize /
 detokenize / apply_chat_template, and ``generate``/``chat`` generators yielding ``Chunk``s whose last one
-carries ``finish_reason`` and ``Stats``. It loads
+carries ``finish_reason`` and ``Stats``. It loads (``mlx_load.py``)
 
 * an **MLX model folder** (config.json + safetensors + tokenizer, as mlx-community publishes them)
   through ``mlx_lm.load``;
@@ -44,6 +44,7 @@ from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
 from localrun.backends.control import build_control
+from localrun.backends.mlx_load import end_of_generation_ids, load_folder, load_gguf
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
@@ -51,10 +52,6 @@ from localrun.errors import (
     ContextOverflowError,
     ModelNotFoundError,
 )
-
-# end-of-generation tokens by text, as llama.cpp's vocabulary marks them (src/llama-vocab.cpp, special_eog_ids)
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-             "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>")
 
 
 def _import_mlx():
@@ -89,7 +86,6 @@ class MlxEngine:
         self.model_path = str(model_path)
         self.plan = plan
         self.spec = None
-        self.conversion_note = ""
         is_dir = os.path.isdir(self.model_path)
         if not is_dir and not os.path.isfile(self.model_path):
             raise ModelNotFoundError(self.model_path)
@@ -101,10 +97,9 @@ class MlxEngine:
         self.wired_limit_bytes = choice.prepare_mlx_memory(plan, self.spec, hardware, force=force,
                                                           folder=self.model_path if is_dir else None)
         t0 = time.perf_counter()
-        if is_dir:
-            self._load_folder()
-        else:
-            self._load_gguf(dtype)
+        loaded = load_folder(self.model_path) if is_dir else load_gguf(self.model_path, self.spec, dtype)
+        self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
+        self._manual_bos, self.add_bos, self.conversion_note = loaded.manual_bos, loaded.add_bos, loaded.note
         if cpu_dequantize is None:
             cpu_dequantize = not mx.metal.is_available()
         if cpu_dequantize:
@@ -125,15 +120,8 @@ class MlxEngine:
         self.bos_id = hf.bos_token_id
         self.bos_text = hf.bos_token or ""
         self.eos_text = hf.eos_token or ""
-        self.eog_ids = set(self._eos_ids)
-        vocab = hf.get_vocab()
-        # gpt-oss (harmony): <|end|> closes a message, <|return|>/<|call|> end the turn (llama-vocab.cpp does the same)
-        harmony = "<|return|>" in vocab and "<|call|>" in vocab
-        eog_texts = [t for t in EOG_TEXTS if not (t == "<|end|>" and harmony)]
-        self.eog_ids.update(vocab[t] for t in eog_texts if t in vocab)
-        if hf.eos_token_id is not None:
-            self.eog_ids.add(hf.eos_token_id)
-        src = chat_template or self._template_src
+        self.eog_ids = end_of_generation_ids(hf, loaded.eos_ids)
+        src = chat_template or loaded.template_src
         self._template = ChatTemplate(src, bos_token=self.bos_text, eos_token=self.eos_text) if src else None
         self._special_ids = set(hf.all_special_ids)
         self._pieces: list[bytes] | None = None
@@ -153,40 +141,6 @@ class MlxEngine:
         from localrun.backends.mlx_spec import configure_speculation
 
         configure_speculation(self, mode, draft_max, draft_path)
-
-    # ------------------------------------------------------------------ loading
-    def _load_folder(self) -> None:
-        import mlx_lm
-
-        try:
-            model, wrapper, config = mlx_lm.load(self.model_path, return_config=True)
-        except (FileNotFoundError, ValueError, KeyError) as e:
-            raise BackendError(f"mlx-lm could not load the MLX folder {self.model_path}: {e}",
-                               hint="an MLX folder holds config.json, *.safetensors and tokenizer files "
-                               "(mlx-community on Hugging Face); for a .gguf give the file") from None
-        self.model, self.config = model, config
-        self.tokenizer = wrapper._tokenizer
-        self._eos_ids = set(wrapper.eos_token_ids or ())
-        self._template_src = self.tokenizer.chat_template if isinstance(self.tokenizer.chat_template, str) else None
-        self._manual_bos = False
-        self.add_bos = None
-        self.conversion_note = "MLX folder"
-
-    def _load_gguf(self, dtype: str | None) -> None:
-        from localrun.backends.mlx_gguf import load_gguf
-
-        try:
-            self.model, conv = load_gguf(self.model_path, self.spec, dtype=dtype)
-        except (ValueError, KeyError) as e:
-            raise BackendError(f"MLX could not build {os.path.basename(self.model_path)}: {e}",
-                               hint="use --backend llamacpp for this file") from None
-        self.config = conv.config
-        self.tokenizer = conv.tokenizer
-        self._eos_ids = {conv.config["eos_token_id"]} if "eos_token_id" in conv.config else set()
-        self._template_src = conv.chat_template
-        self._manual_bos = True
-        self.add_bos = conv.add_bos
-        self.conversion_note = conv.note
 
     # ------------------------------------------------------------------ model facts
     @property
