@@ -91,6 +91,27 @@ def test_controller_turns_off_where_it_loses_and_on_where_it_wins():
     assert choose_k([0.6], [8], 8, cost, draft=True) == 0
 
 
+def test_step_cost_fits_a_fixed_part_and_a_per_token_part():
+    """On a CPU the first drafted token costs most (SmolLM2 Q8_0, 2 threads: 1.87×, 4.89×, 7.91× a plain
+    step for 1, 8 and 16 drafted tokens): the line through the measured verify steps recovers both parts,
+    and with them a high acceptance drafts longer than one cost per token measured at k = 1 would."""
+    cost = StepCost(prior_fixed=0.4, prior_extra=0.45)
+    cost.observe(1, 0, 0.010)
+    assert cost.overhead(1) == pytest.approx((0.004, 0.0045))  # the priors, before any verify step
+    cost.observe(1, 1, 0.0187)
+    f, p = cost.overhead(1)
+    assert f + p == pytest.approx(0.0087) and f / p == pytest.approx(0.4 / 0.45)  # one k: the prior's shape
+    for k, rel in ((8, 4.89), (16, 7.91), (1, 1.87), (8, 4.89)):
+        cost.observe(1, k, 0.010 * rel)
+    f, p = cost.overhead(1)
+    assert f == pytest.approx(0.005, abs=0.001) and p == pytest.approx(0.0041, abs=0.0003)  # a line through a concave curve
+    assert cost.step_s(1, 16) == pytest.approx(0.0791, rel=0.03)
+    flat = StepCost()
+    flat.observe(1, 0, 0.010)
+    flat.observe(1, 1, 0.0187)  # the same first point read as 0.87 of a step per drafted token
+    assert choose_k([0.95], [16], 16, cost) > choose_k([0.95], [16], 16, flat)
+
+
 def test_acceptance_estimate_and_shadow_drafts():
     sp = SeqSpec(ngram=NgramDrafter(), acceptance=Acceptance(prior_alpha=0.5, prior_weight=2))
     sp.draft, sp.real = [1, 2, 3, 4], 4

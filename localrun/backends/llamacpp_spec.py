@@ -224,8 +224,10 @@ class Speculation:
         self.mode = mode
         self.draft_max = max(0, int(draft_max))
         self.draft = draft if mode in ("auto", "draft") else None
-        # a drafted token costs little where decode is memory-bound (a GPU), about half a step on a CPU
-        self.cost = StepCost(prior_extra=0.15 if engine.plan.n_gpu_layers != 0 else 0.5)
+        # a GPU is memory-bound: drafted tokens cost little; on a CPU the first costs ~0.4-1 step, each
+        # further one ~0.45 (StepCost's doc); measured from the first verify steps on
+        gpu = engine.plan.n_gpu_layers != 0
+        self.cost = StepCost(prior_fixed=0.05 if gpu else 0.4, prior_extra=0.1 if gpu else 0.45)
         self.t_step = 0.0
         self.policy = DraftLength()  # K per step: measured costs and acceptance (spec_decode.py)
         self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals

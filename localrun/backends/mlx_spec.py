@@ -141,8 +141,9 @@ class MlxSpeculation:
         self.mode = mode
         self.draft_max = max(0, int(draft_max))
         self.draft = draft if mode in ("auto", "draft") else None
-        # a drafted token costs little where decode is memory-bound (Metal), about half a step on a CPU
-        self.cost = StepCost(prior_extra=0.5 if engine.cpu_dequantized else 0.15)
+        # a drafted token costs little where decode is memory-bound (Metal), about half a step on a CPU (StepCost)
+        cpu = engine.cpu_dequantized
+        self.cost = StepCost(prior_fixed=0.4 if cpu else 0.05, prior_extra=0.45 if cpu else 0.1)
         self.policy = DraftLength()
         self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
 

@@ -36,6 +36,7 @@ would win; a draft model's estimate decays back toward its prior while off, so i
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -50,15 +51,22 @@ DRAFT_MAX_DEFAULT = 8  # tokens per verify step at most (llama-server's --draft-
 class NgramDrafter:
     """Prompt lookup over one sequence's tokens (prompt, then output as it is accepted).
 
-    ``index[n]`` maps each n-gram (n = ``n_min``..``n_max`` tokens) to the position right after its most
-    recent occurrence that is not the sequence's current end, so ``propose`` is O(n_max) dict lookups.
-    ``extend`` costs O(n_max) per token. Memory: ≈ (n_max - n_min + 1) entries per token.
+    ``index[n]`` maps each n-gram of ``n`` in ``NGRAM_SIZES`` (by its hash; a hit is checked against the
+    tokens) to the position right after its most recent occurrence that is not the sequence's current
+    end, so ``propose`` is a handful of dict lookups, longest first. Long n-grams (up to 12) anchor a copy
+    to the right place: in code or a passage repeated with edits, a 4-gram such as ``C.llama_sampler_``
+    recurs every few lines and its latest occurrence is often the wrong one (measured on the edit workload
+    of benches/speculative.py: fixed K = 16 went from 1.13× to 1.60× plain decoding with n up to 12).
+    ``extend`` costs O(len(NGRAM_SIZES)) per token. Memory: ≈ 6 dict entries (≈ 0.6 KB) per token.
     """
 
-    def __init__(self, tokens: Sequence[int] = (), *, n_min: int = 2, n_max: int = 4) -> None:
+    NGRAM_SIZES = (12, 8, 6, 4, 3, 2)
+
+    def __init__(self, tokens: Sequence[int] = (), *, n_min: int = 2, n_max: int = 12) -> None:
         self.n_min, self.n_max = max(1, n_min), max(n_min, n_max)
+        self.sizes = tuple(n for n in self.NGRAM_SIZES if self.n_min <= n <= self.n_max) or (self.n_min,)
         self.tokens: list[int] = []
-        self.index: dict[int, dict[tuple, int]] = {n: {} for n in range(self.n_min, self.n_max + 1)}
+        self.index: dict[int, dict[int, int]] = {n: {} for n in self.sizes}
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -68,18 +76,19 @@ class NgramDrafter:
             end = len(t) - 1  # the n-grams ending just before the new token now have a continuation
             for n, idx in self.index.items():
                 if end >= n:
-                    idx[tuple(t[end - n:end])] = end
+                    idx[hash(tuple(t[end - n:end]))] = end
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` tokens continuing the longest n-gram match of the sequence's end ([] if none)."""
         t = self.tokens
         if k <= 0:
             return []
-        for n in range(self.n_max, self.n_min - 1, -1):
+        for n in self.sizes:  # longest first
             if len(t) < n:
                 continue
-            pos = self.index[n].get(tuple(t[-n:]))
-            if pos is not None:
+            tail = t[-n:]
+            pos = self.index[n].get(hash(tuple(tail)))
+            if pos is not None and t[pos - n:pos] == tail:  # not a hash collision
                 return t[pos:pos + k]
         return []
 
@@ -188,23 +197,31 @@ class Acceptance:
 
 @dataclass
 class StepCost:
-    """Measured seconds of the engine's decode steps, by the number of sequences in the step:
-    ``plain[n]`` a step of one token each, ``extra[n]`` each drafted token per sequence on top
-    (EMA, weight ``rate``). Unmeasured ``extra`` starts at ``prior_extra`` × plain, so speculation is
-    tried and then measured."""
+    """Measured seconds of the engine's decode steps, by the number of sequences in the step.
+
+    ``plain[n]``: a step of one token each (EMA, weight ``rate``). A verify step with ``k`` drafted tokens
+    per sequence costs ``plain + fixed + k × per_token``: on a CPU the first drafted token costs most (the
+    matrix products leave the one-row kernel; measured on SmolLM2 Q8_0, 2 threads: batches of 2, 9 and 17
+    tokens cost 1.87×, 4.89× and 7.91× a plain step, so fixed ≈ 0.5 and per_token ≈ 0.43 of it), so a
+    single cost per drafted token, measured at small k, overstates long drafts. ``fixed`` and
+    ``per_token`` are a least-squares line through the last ``window`` verify steps of n sequences (their
+    cost above ``plain``); until two draft lengths are seen, the priors (``prior_fixed``, ``prior_extra`` ×
+    plain) scaled to what was measured. ``draft[n]``: a draft-model decode of n sequences, per token."""
 
     rate: float = 0.3
     prior_extra: float = 0.15
+    prior_fixed: float = 0.0
+    window: int = 32
     plain: dict[int, float] = field(default_factory=dict)
-    extra: dict[int, float] = field(default_factory=dict)
+    verify: dict[int, deque] = field(default_factory=dict)  # n → deque of (k, seconds above plain)
     draft: dict[int, float] = field(default_factory=dict)  # a draft-model decode of n sequences
 
     def observe(self, n_seqs: int, k: int, seconds: float) -> None:
         if k <= 0:
             self.plain[n_seqs] = self._ema(self.plain.get(n_seqs), seconds)
             return
-        base = self.plain_s(n_seqs)
-        self.extra[n_seqs] = self._ema(self.extra.get(n_seqs), max(0.0, (seconds - base) / k))
+        pts = self.verify.setdefault(n_seqs, deque(maxlen=self.window))
+        pts.append((k, max(0.0, seconds - self.plain_s(n_seqs))))
 
     def observe_draft(self, n_seqs: int, seconds_per_token: float) -> None:
         self.draft[n_seqs] = self._ema(self.draft.get(n_seqs), seconds_per_token)
@@ -215,13 +232,34 @@ class StepCost:
         near = min(self.plain, key=lambda n: abs(n - n_seqs), default=None)
         return self.plain[near] if near is not None else 0.02
 
+    def overhead(self, n_seqs: int) -> tuple[float, float]:
+        """(fixed, per_token) seconds a verify step of ``n_seqs`` sequences adds to a plain one."""
+        base = self.plain_s(n_seqs)
+        pf, pp = self.prior_fixed * base, self.prior_extra * base
+        pts = self.verify.get(n_seqs)
+        if not pts:
+            return pf, pp
+        ks = [k for k, _ in pts]
+        ys = [y for _, y in pts]
+        mk, my = sum(ks) / len(ks), sum(ys) / len(ys)
+        var = sum((k - mk) ** 2 for k in ks)
+        if var > 0:
+            b = sum((k - mk) * (y - my) for k, y in pts) / var
+            a = my - b * mk
+            if a >= 0 and b > 0:
+                return a, b
+            if a < 0 < b:  # through the origin: no fixed part
+                return 0.0, sum(ks[i] * ys[i] for i in range(len(ks))) / sum(k * k for k in ks)
+        scale = my / (pf + mk * pp) if pf + mk * pp > 0 else 1.0  # one draft length: the prior's shape
+        return pf * scale, pp * scale
+
     def step_s(self, n_seqs: int, k: int, *, draft: bool = False) -> float:
         base = self.plain_s(n_seqs)
         if k <= 0:
             return base
-        extra = self.extra.get(n_seqs, self.prior_extra * base)
+        fixed, per = self.overhead(n_seqs)
         d = self.draft.get(n_seqs, 0.3 * base) if draft else 0.0
-        return base + k * (extra + d)
+        return base + fixed + k * (per + d)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.rate * (new - old)
@@ -289,7 +327,7 @@ def acceptance_rate(draft_tokens: int, accepted_tokens: int) -> float | None:
 class DraftLength:
     """One engine's per-step draft-length decision (the policy of ``llamacpp_spec.Speculation.plan``, here
     for every engine): measure a plain step of this many sequences first (the yardstick of every verify
-    step), then ``choose_k``; while that says 0 and drafts are on offer, a short verify step (≤ 2 tokens)
+    step), then ``choose_k``; while that says 0 and drafts are on offer, a short verify step (≤ 4 tokens)
     every ``probe_every`` steps, so a cost measured once under load, or a stale acceptance, cannot keep
     speculation off for good. ``adaptive`` False: always as many tokens as there is room for (tests,
     fixed-length benches)."""
@@ -311,5 +349,5 @@ class DraftLength:
             k = k_room if any(lengths) else 0
         self.since_verify = 0 if k else self.since_verify + 1
         if self.adaptive and k == 0 and any(lengths) and self.since_verify >= self.probe_every:
-            k, self.since_verify = min(max(lengths), k_room, 2), 0
+            k, self.since_verify = min(max(lengths), k_room, 4), 0
         return k
