@@ -104,7 +104,7 @@ def test_step_cost_fits_a_fixed_part_and_a_per_token_part():
     for k, rel in ((8, 4.89), (16, 7.91), (1, 1.87), (8, 4.89)):
         cost.observe(1, k, 0.010 * rel)
     f, p = cost.overhead(1)
-    assert f == pytest.approx(0.005, abs=0.001) and p == pytest.approx(0.0041, abs=0.0003)  # a line through a concave curve
+    assert f == pytest.approx(0.005, abs=0.001) and p == pytest.approx(0.0041, abs=0.0003)  # a line: concave data
     assert cost.step_s(1, 16) == pytest.approx(0.0791, rel=0.03)
     flat = StepCost()
     flat.observe(1, 0, 0.010)
