@@ -16,9 +16,11 @@ default /tmp/peer/build/bin/llama-server; skipped with a printed reason when abs
 its n-gram drafter and on the draft pair with ``--model-draft`` (benches/speculative_peer.py), the same
 target, threads, context and greedy settings, its decode tok/s from its own timings.
 
-Usage: python benches/speculative.py [--rounds 3] [--max-tokens 200] [--draft-max 8] [--threads N]
-Prints one line per measurement, the ratios (mode / off) from the medians, localrun against llama-server,
-and the load average (the machine is shared: numbers under load are noisy).
+Usage: python benches/speculative.py [--rounds 3] [--max-tokens 200] [--draft-max 16] [--threads N]
+Prints first the cost of a verify step of n tokens against a plain step on this machine, and so the most
+prompt lookup could give here with every draft accepted (``verify_cost_curve``); then one line per
+measurement, the ratios (mode / off) from the medians, localrun against llama-server, and the load average
+(the machine is shared: numbers under load are noisy).
 """
 
 from __future__ import annotations
@@ -74,11 +76,43 @@ def run(eng, prompts, params):
     return toks, sum(map(len, toks)) / wall, decode, stats
 
 
+def verify_cost_curve(eng, tokens: list[int], sizes=(1, 2, 5, 9, 17), reps: int = 5) -> dict[int, float]:
+    """The cost of one ``llama_decode`` of n tokens of one sequence (logits at every position, as a verify
+    step asks) after ``tokens`` are in its KV, relative to a plain one-token step: {n: ratio}, medians of
+    ``reps``. With every drafted token accepted, a verify step of n tokens yields n, so n / ratio is the
+    most prompt lookup can give on this machine (the ceiling printed)."""
+    C, b = eng.C, eng._batch
+    slot = eng.slots[0]
+    C.llama_memory_seq_rm(eng.mem, slot.seq_id, 0, -1)
+    slot.tokens.clear()
+
+    def decode(toks, pos0, logits):
+        for j, t in enumerate(toks):
+            b.token[j], b.pos[j], b.n_seq_id[j] = t, pos0 + j, 1
+            b.seq_id[j][0], b.logits[j] = slot.seq_id, int(logits)
+        b.n_tokens = len(toks)
+        if C.llama_decode(eng.ctx, b) != 0:
+            raise SystemExit("llama_decode failed")
+
+    for lo in range(0, len(tokens), 256):
+        decode(tokens[lo:lo + 256], lo, False)
+    n0, times = len(tokens), {}
+    for _ in range(reps):
+        for n in sizes:
+            t0 = time.perf_counter()
+            decode(tokens[:n], n0, True)
+            times.setdefault(n, []).append(time.perf_counter() - t0)
+            C.llama_memory_seq_rm(eng.mem, slot.seq_id, n0, -1)
+    C.llama_memory_seq_rm(eng.mem, slot.seq_id, 0, -1)
+    base = statistics.median(times[1])
+    return {n: statistics.median(v) / base for n, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=200)
-    ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", default=None, help="run only the workloads whose name contains this")
     ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server (default: $LLAMA_SERVER)")
@@ -115,6 +149,10 @@ def main() -> None:
           f"edit prompt {len(edit)} tokens, {a.max_tokens} tokens out, {a.rounds} rounds interleaved, "
           f"{plan.n_threads} threads; load average {os.getloadavg()[0]:.1f}")
 
+    curve = verify_cost_curve(eng, edit)
+    print("a verify step of n tokens (at the edit prompt's length) against a plain step, and the most prompt "
+          "lookup could give here with every draft accepted:")
+    print("  " + "; ".join(f"n={n}: {r:.2f}x, ceiling {n / r:.2f}x" for n, r in curve.items()))
     cases = [  # (name, prompts, mode, draft, metric)
         ("edit", [edit], "off", None, "decode"), ("edit", [edit], "ngram", None, "decode"),
         ("edit", [edit], "auto", None, "decode"),

@@ -197,6 +197,25 @@ def test_draft_pair_greedy_acceptance_is_high(target, draft_pair):
     assert (totals["draft_tokens"], totals["accepted_tokens"]) == (drafted, accepted)
 
 
+def test_draft_model_is_prefilled_with_the_prompt_before_the_first_token(target, draft_pair):
+    """The draft model's KV takes the prompt during the target's prefill (inside the time to first token),
+    so the first verify step drafts at once instead of prefilling the draft inside decode."""
+    _set(target, "draft", draft_pair[1], adaptive=True)
+    prompt = _prompt(target, "Name three rivers in Europe.")
+    g = target.start(prompt, SamplingParams(temperature=0, max_tokens=4), target.slots[0])
+    try:
+        draft = target.speculation.draft
+        while g.prefilling:
+            assert draft.mirrors[g.slot.seq_id] != prompt
+            target.step([g])
+        assert draft.mirrors[g.slot.seq_id] == prompt and draft.caught_up == len(prompt)
+        while not g.done:
+            target.step([g])
+        assert draft.mirrors[g.slot.seq_id][:len(prompt)] == prompt
+    finally:
+        target.release(g, keep_kv=False)
+
+
 def test_vocabulary_mismatch_is_a_clear_error_before_loading(target, gemma_path):
     from localrun.backends.llamacpp_spec import VocabularyMismatchError
 

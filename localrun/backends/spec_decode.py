@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 SPEC_MODES = ("auto", "ngram", "draft", "off")
-DRAFT_MAX_DEFAULT = 8  # tokens per verify step at most (llama-server's --draft-max is 16; the controller picks below)
+DRAFT_MAX_DEFAULT = 16  # tokens per verify step at most (as llama-server's --draft-max; the controller picks below)
 
 
 # ---------------------------------------------------------------------------------------------- prompt lookup
