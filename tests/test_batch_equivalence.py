@@ -14,10 +14,19 @@ OPEN (Gemma-3, xfail): when sequences of different KV lengths share a batch (her
 with short ones), some streams' logits still differ from their solo run, deterministically, by up to ~1
 in the largest logit and 0.21 in the chosen token's log-probability (0.19 with repacking on: the repack
 was not the whole cause). It also happens with flash attention off and with kv_unified, and not on
-SmolLM2 (max 0.0085, the split-KV flash-attention rounding past 512 cells). Reproduction: two sequences
-of different lengths plus a third > 512 tokens, one decode token each, batched vs alone (see the
-report of helper E). Each step of each sequence is checked against its solo run: the solo token's
-log-probability within ``LOGPROB_TOL``, the same token where the solo top-1/top-2 margin is wider than
+SmolLM2.
+
+Reproduction: two sequences of different lengths plus a third > 512 tokens, one decode token each,
+batched vs alone (see the report of helper E).
+
+SmolLM2's short prompts give bit-identical logits batched and alone. Its 730-token prompt does not, by
+llama.cpp's CPU flash attention alone: the kernel shares a long KV among the threads by the batch's shape,
+and one query row and eight round differently: max 0.0085 nats on an AVX2 EPYC, 0.064 on an AVX-512
+EPYC (2 threads), and exactly 0 with one thread or with flash attention off (measured). That sequence is
+held to ``LONG_KV_TOL``, the others to ``LOGPROB_TOL``.
+
+Each step of each sequence is checked against its solo run: the solo token's
+log-probability within its tolerance, the same token where the solo top-1/top-2 margin is wider than
 ``WIDE_MARGIN``, compared up to the first near-tie that went the other way."""
 
 from __future__ import annotations
@@ -29,8 +38,10 @@ from localrun.backends.base import SamplingParams
 pytestmark = pytest.mark.model  # loads SmolLM2 and Gemma-3 (request.getfixturevalue: not seen by conftest)
 
 N_SEQ = 8
-LOGPROB_TOL = 0.02  # nats (SmolLM2 measured 0.0085; Gemma 0.21: open, see the docstring)
-WIDE_MARGIN = 2 * LOGPROB_TOL
+LOGPROB_TOL = 0.02  # nats (SmolLM2's short prompts measured 0; Gemma 0.21: open, see the docstring)
+LONG_KV_TOL = 0.15  # nats, past 512 cells: flash attention's split-KV rounding (≤ 0.064 measured; docstring)
+LONG = 512  # cells: prompts longer than this are held to LONG_KV_TOL
+WIDE_MARGIN = 2 * LONG_KV_TOL
 PROMPTS = [
     "Once upon a time",
     "The capital of France is",
@@ -91,14 +102,19 @@ def test_eight_concurrent_greedy_sequences_equal_their_solo_runs(model, request)
         # all eight at once, on the eight slots (prefills take turns, then one decode batch of 8 per step)
         gens = [eng.start(toks, p, slot=eng.slots[i]) for i, toks in enumerate(prompts)]
         traces = _run(eng, gens)
-        worst, compared = 0.0, 0
+        worst, worst_long, compared = 0.0, 0.0, 0
         for toks, g, tr in zip(prompts, gens, traces):
             assert len(tr) == 24 and g.finish_reason == "length"
             w, n = _compare(solo[tuple(toks)], tr)
-            worst, compared = max(worst, w), compared + n
+            if len(toks) > LONG:
+                worst_long = max(worst_long, w)
+            else:
+                worst = max(worst, w)
+            compared += n
             eng.release(g, keep_kv=False)
-        assert worst <= LOGPROB_TOL, f"max |Δlogprob| {worst:.4f} over {compared} steps"
+        assert worst <= LOGPROB_TOL, f"max |Δlogprob| {worst:.4f} (prompts ≤ {LONG} tokens)"
+        assert worst_long <= LONG_KV_TOL, f"max |Δlogprob| {worst_long:.4f} (the prompt past {LONG} tokens)"
         assert compared >= N_SEQ * 24 // 2  # most steps were comparable (near-ties are rare)
-        print(f"{model}: max |Δlogprob| {worst:.2e} over {compared} steps")
+        print(f"{model}: max |Δlogprob| {worst:.2e}, {worst_long:.2e} past {LONG} cells, over {compared} steps")
     finally:
         eng.close()
