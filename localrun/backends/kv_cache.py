@@ -235,9 +235,8 @@ class KVCache:
         if len(tokens) < self.min_tokens:
             return None
         with self._lock:
-            old = self.snapshots.get(tokens)
+            old = self.touch(tokens)
             if old is not None:
-                old.last_used = time.monotonic()
                 return old
             C = engine.C
             n = int(C.llama_state_seq_get_size(engine.ctx, slot.seq_id))
@@ -249,23 +248,14 @@ class KVCache:
                 log.warning("kv cache: llama.cpp copied %d of %d bytes of sequence %d; not saved", got, n,
                             slot.seq_id)
                 return None
-            snap = Snapshot(tokens, n, data=buf)
-            if not engine.n_swa:  # a longer snapshot covers every prefix of itself: drop the shorter ones
-                for t in [t for t in self.snapshots if len(t) < len(tokens) and tokens[: len(t)] == t]:
-                    self._drop(self.snapshots[t])
-            self.snapshots[tokens] = snap
-            self.stats.saves += 1
-            self._keep_ram_budget()
-            return snap
+            return self.add(tokens, buf, sliding=bool(engine.n_swa))
 
     def restore(self, engine, slot, snap: Snapshot) -> bool:
         """Load ``snap`` into ``slot`` (its KV and ``tokens`` replaced). A disk snapshot is read and checked
         first; a bad one is deleted. Returns whether the slot now holds it."""
         t0 = time.perf_counter()
-        tier = "ram" if snap.data is not None else "disk"
-        data = snap.data if snap.data is not None else self._read(snap)
+        data = self.payload(snap)
         if data is None:
-            self.stats.misses += 1
             return False
         C = engine.C
         C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
@@ -280,6 +270,49 @@ class KVCache:
             self.stats.misses += 1
             return False
         slot.tokens.extend(snap.tokens)
+        self.restored(snap, data, t0, " (sliding window: exact boundary)" if engine.n_swa else "")
+        return True
+
+    # ------------------------------------------------------------------ snapshots in the tiers
+    def touch(self, tokens: tuple[int, ...]) -> Snapshot | None:
+        """The snapshot of exactly ``tokens``, marked as just used, or None."""
+        with self._lock:
+            snap = self.snapshots.get(tokens)
+            if snap is not None:
+                snap.last_used = time.monotonic()
+            return snap
+
+    def add(self, tokens: tuple[int, ...], data, *, sliding: bool) -> Snapshot | None:
+        """Record ``data`` (a payload: a ctypes uint8 array) as the snapshot of ``tokens`` in the RAM tier,
+        spilling LRU snapshots to disk past ``ram_bytes`` → the snapshot, or None when it is too big for every
+        tier. Unless ``sliding`` (the model has sliding-window layers: a snapshot resumes only at its exact end),
+        a longer snapshot covers every prefix of itself, so the snapshots of its prefixes are dropped."""
+        n = ctypes.sizeof(data)
+        if n > max(self.ram_bytes, self.disk_bytes):
+            return None
+        with self._lock:
+            snap = Snapshot(tokens, n, data=data)
+            if not sliding:
+                for t in [t for t in self.snapshots if len(t) < len(tokens) and tokens[: len(t)] == t]:
+                    self._drop(self.snapshots[t])
+            self.snapshots[tokens] = snap
+            self.stats.saves += 1
+            self._keep_ram_budget()
+            return snap
+
+    def payload(self, snap: Snapshot):
+        """The payload of ``snap`` to restore: its RAM copy, or its disk file read and checked → a ctypes uint8
+        array, or None (a bad file: warned, deleted, forgotten; counted as a miss)."""
+        data = snap.data if snap.data is not None else self._read(snap)
+        if data is None:
+            self.stats.misses += 1
+        return data
+
+    def restored(self, snap: Snapshot, data, t0: float, note: str = "") -> None:
+        """Count ``snap`` (its ``payload``, ``data``) as restored, the restore having begun at ``t0``
+        (``time.perf_counter``): a hit of its tier, promoted from disk to RAM when it fits there, logged
+        (``note`` ends the line)."""
+        tier = "ram" if data is snap.data else "disk"
         snap.last_used = time.monotonic()
         if tier == "disk":
             self.stats.hits_disk += 1
@@ -293,9 +326,7 @@ class KVCache:
         dt = time.perf_counter() - t0
         self.stats.restore_s += dt
         self.stats.restored_tokens += len(snap.tokens)
-        log.debug("kv cache: restored %d tokens from %s in %.3f s%s", len(snap.tokens), tier, dt,
-                  " (sliding window: exact boundary)" if engine.n_swa else "")
-        return True
+        log.debug("kv cache: restored %d tokens from %s in %.3f s%s", len(snap.tokens), tier, dt, note)
 
     # ------------------------------------------------------------------ tiers
     def _keep_ram_budget(self, keep: Snapshot | None = None) -> None:

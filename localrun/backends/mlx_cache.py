@@ -161,31 +161,17 @@ class MlxKVCache(KVCache):
         if len(tokens) < self.min_tokens or not engine.prompt_cache:
             return None
         with self._lock:
-            old = self.snapshots.get(tokens)
+            old = self.touch(tokens)
             if old is not None:
-                old.last_used = time.monotonic()
                 return old
-            data = cache_payload(engine.prompt_cache)
-            n = ctypes.sizeof(data)
-            if n > max(self.ram_bytes, self.disk_bytes):
-                return None
-            snap = Snapshot(tokens, n, data=data)
-            if not _sliding(engine):  # a longer snapshot covers every prefix of itself: drop the shorter ones
-                for t in [t for t in self.snapshots if len(t) < len(tokens) and tokens[: len(t)] == t]:
-                    self._drop(self.snapshots[t])
-            self.snapshots[tokens] = snap
-            self.stats.saves += 1
-            self._keep_ram_budget()
-            return snap
+            return self.add(tokens, cache_payload(engine.prompt_cache), sliding=_sliding(engine))
 
     def restore(self, engine: MlxEngine, slot, snap: Snapshot) -> bool:
         """Replace the engine's cache by ``snap`` (a disk snapshot is read and checked first; a bad one is
         deleted) → whether the engine now holds it."""
         t0 = time.perf_counter()
-        tier = "ram" if snap.data is not None else "disk"
-        data = snap.data if snap.data is not None else self._read(snap)
+        data = self.payload(snap)
         if data is None:
-            self.stats.misses += 1
             return False
         try:
             cache = cache_from_payload(engine, data, len(snap.tokens))
@@ -195,20 +181,7 @@ class MlxKVCache(KVCache):
             self.stats.misses += 1
             return False
         engine.set_prompt_cache(cache, snap.tokens)
-        snap.last_used = time.monotonic()
-        if tier == "disk":
-            self.stats.hits_disk += 1
-            if snap.nbytes <= self.ram_bytes:  # promote: the next hit is a RAM hit
-                snap.data = data
-                self._keep_ram_budget(keep=snap)
-            if snap.path is not None and snap.path.exists():
-                os.utime(snap.path)
-        else:
-            self.stats.hits_ram += 1
-        dt = time.perf_counter() - t0
-        self.stats.restore_s += dt
-        self.stats.restored_tokens += len(snap.tokens)
-        log.debug("kv cache: restored %d tokens from %s in %.3f s (mlx)", len(snap.tokens), tier, dt)
+        self.restored(snap, data, t0, " (mlx)")
         return True
 
 
