@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from localrun.backends.spec_decode import (
     DRAFT_MAX_DEFAULT,
-    SPEC_MODES,
     Acceptance,
-    DraftLength,
+    EngineSpeculation,
     NgramDrafter,
     SeqSpec,
-    StepCost,
     target_probs,
 )
 from localrun.backends.text import common_prefix
@@ -206,7 +204,7 @@ def _plain_chain(p) -> bool:
             and p.dry_multiplier <= 0 and not p.grammar)
 
 
-class Speculation:
+class Speculation(EngineSpeculation):
     """An engine's speculative decoding: the mode (``auto`` | ``ngram`` | ``draft``), ``draft_max``,
     the optional draft model, the measured step costs, and per generation a ``SeqSpec``.
 
@@ -216,30 +214,10 @@ class Speculation:
 
     def __init__(self, engine: LlamaCppEngine, mode: str = "auto", draft_max: int = DRAFT_MAX_DEFAULT,
                  draft: DraftModel | None = None) -> None:
-        if mode not in SPEC_MODES or mode == "off":
-            raise LocalrunError(f"unknown speculation mode {mode!r}", hint="use auto, ngram, draft or off")
-        if mode == "draft" and draft is None:
-            raise LocalrunError("--spec draft needs a draft model", hint="give --draft-model PATH, or use --spec ngram")
+        # a GPU is memory-bound: drafted tokens cost little; a CPU's are measured from the first verify steps on
+        super().__init__(mode, draft_max, draft, memory_bound=engine.plan.n_gpu_layers != 0)
         self.engine = engine
-        self.mode = mode
-        self.draft_max = max(0, int(draft_max))
-        self.draft = draft if mode in ("auto", "draft") else None
-        # a GPU is memory-bound: drafted tokens cost little; on a CPU the first costs ~0.4-1 step, each
-        # further one ~0.45 (StepCost's doc); measured from the first verify steps on
-        gpu = engine.plan.n_gpu_layers != 0
-        self.cost = StepCost(prior_fixed=0.05 if gpu else 0.4, prior_extra=0.1 if gpu else 0.45)
         self.t_step = 0.0
-        self.policy = DraftLength()  # K per step: measured costs and acceptance (spec_decode.py)
-        self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
-
-    @property
-    def adaptive(self) -> bool:
-        """False: always draft as much as there is room for (tests, fixed-length benches)."""
-        return self.policy.adaptive
-
-    @adaptive.setter
-    def adaptive(self, value: bool) -> None:
-        self.policy.adaptive = bool(value)
 
     def begin(self, prompt: Sequence[int], params) -> SeqSpec:
         if self.draft is not None:
@@ -358,14 +336,6 @@ class Speculation:
             self.accepted_tokens += sum(g.spec.last_accepted for g in gens)
         else:
             self.plain_steps += 1
-
-    def totals(self) -> dict:
-        """Engine-wide counts since loading: drafted / accepted tokens, verify and plain decode steps, the
-        acceptance rate (None before any draft), the mode and the draft model's file."""
-        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-        return {"mode": self.mode, "draft_model": self.draft.path if self.draft else None,
-                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
-                "acceptance_rate": rate, "verify_steps": self.verify_steps, "plain_steps": self.plain_steps}
 
 
 def _rng(g):

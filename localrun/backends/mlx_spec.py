@@ -36,10 +36,9 @@ from localrun.backends.spec_decode import (
     DRAFT_MAX_DEFAULT,
     SPEC_MODES,
     Acceptance,
-    DraftLength,
+    EngineSpeculation,
     NgramDrafter,
     SeqSpec,
-    StepCost,
 )
 from localrun.errors import LocalrunError
 
@@ -122,7 +121,7 @@ class MlxDraftModel:
         self.engine.close()
 
 
-class MlxSpeculation:
+class MlxSpeculation(EngineSpeculation):
     """``MlxEngine``'s speculative decoding: the mode (``auto`` | ``ngram`` | ``draft``), ``draft_max``, the
     optional draft model, the measured step costs, the engine-wide counts (``totals``, the same keys as
     llama.cpp's ``Speculation.totals``), and per generation a ``SeqSpec`` (``begin``).
@@ -133,27 +132,9 @@ class MlxSpeculation:
 
     def __init__(self, engine: MlxEngine, mode: str = "auto", draft_max: int = DRAFT_MAX_DEFAULT,
                  draft: MlxDraftModel | None = None) -> None:
-        if mode not in SPEC_MODES or mode == "off":
-            raise LocalrunError(f"unknown speculation mode {mode!r}", hint="use auto, ngram, draft or off")
-        if mode == "draft" and draft is None:
-            raise LocalrunError("--spec draft needs a draft model", hint="give --draft-model PATH, or use --spec ngram")
-        self.engine = engine
-        self.mode = mode
-        self.draft_max = max(0, int(draft_max))
-        self.draft = draft if mode in ("auto", "draft") else None
         # a drafted token costs little where decode is memory-bound (Metal), about half a step on a CPU (StepCost)
-        cpu = engine.cpu_dequantized
-        self.cost = StepCost(prior_fixed=0.4 if cpu else 0.05, prior_extra=0.45 if cpu else 0.1)
-        self.policy = DraftLength()
-        self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
-
-    @property
-    def adaptive(self) -> bool:
-        return self.policy.adaptive
-
-    @adaptive.setter
-    def adaptive(self, value: bool) -> None:
-        self.policy.adaptive = bool(value)
+        super().__init__(mode, draft_max, draft, memory_bound=not engine.cpu_dequantized)
+        self.engine = engine
 
     def begin(self, prompt: Sequence[int], params) -> SeqSpec:
         """A generation's speculation state (the draft model drafts greedily: the deterministic rule)."""
@@ -213,14 +194,6 @@ class MlxSpeculation:
         sp.draft = proposal[:k]
         sp.real = len(sp.draft)
         return list(sp.draft)
-
-    def totals(self) -> dict:
-        """Engine-wide counts since loading: drafted / accepted tokens, verify and plain decode steps, the
-        acceptance rate (None before any draft), the mode and the draft model's path."""
-        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-        return {"mode": self.mode, "draft_model": self.draft.path if self.draft else None,
-                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
-                "acceptance_rate": rate, "verify_steps": self.verify_steps, "plain_steps": self.plain_steps}
 
     def close(self) -> None:
         if self.draft is not None:

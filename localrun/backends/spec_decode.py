@@ -351,3 +351,46 @@ class DraftLength:
         if self.adaptive and k == 0 and any(lengths) and self.since_verify >= self.probe_every:
             k, self.since_verify = min(max(lengths), k_room, 4), 0
         return k
+
+
+class EngineSpeculation:
+    """What both engines' speculation share (``llamacpp_spec.Speculation``, ``mlx_spec.MlxSpeculation``): the
+    mode (``auto`` | ``ngram`` | ``draft``), ``draft_max``, the optional draft model (``draft``, with a
+    ``path``), the measured step costs (``cost``), the draft-length policy (``policy``) and the engine-wide
+    counts (``totals``).
+
+    ``memory_bound``: decode reads the weights once per step whatever the batch (a GPU, Metal), so a
+    drafted token costs little (priors fixed 0.05, per token 0.1 of a plain step); else a CPU's one-row
+    kernels, where the first drafted token costs ~0.4 of a step and each further one ~0.45 (``StepCost``'s
+    measurement). Raises LocalrunError for an unknown mode or ``draft`` mode without a draft model."""
+
+    def __init__(self, mode: str, draft_max: int, draft, *, memory_bound: bool) -> None:
+        from localrun.errors import LocalrunError
+
+        if mode not in SPEC_MODES or mode == "off":
+            raise LocalrunError(f"unknown speculation mode {mode!r}", hint="use auto, ngram, draft or off")
+        if mode == "draft" and draft is None:
+            raise LocalrunError("--spec draft needs a draft model", hint="give --draft-model PATH, or use --spec ngram")
+        self.mode = mode
+        self.draft_max = max(0, int(draft_max))
+        self.draft = draft if mode in ("auto", "draft") else None
+        self.cost = StepCost(prior_fixed=0.05 if memory_bound else 0.4, prior_extra=0.1 if memory_bound else 0.45)
+        self.policy = DraftLength()  # K per step: measured costs and acceptance
+        self.draft_tokens = self.accepted_tokens = self.verify_steps = self.plain_steps = 0  # engine totals
+
+    @property
+    def adaptive(self) -> bool:
+        """False: always draft as much as there is room for (tests, fixed-length benches)."""
+        return self.policy.adaptive
+
+    @adaptive.setter
+    def adaptive(self, value: bool) -> None:
+        self.policy.adaptive = bool(value)
+
+    def totals(self) -> dict:
+        """Engine-wide counts since loading: drafted / accepted tokens, verify and plain decode steps, the
+        acceptance rate (None before any draft), the mode and the draft model's file."""
+        return {"mode": self.mode, "draft_model": self.draft.path if self.draft else None,
+                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "acceptance_rate": acceptance_rate(self.draft_tokens, self.accepted_tokens),
+                "verify_steps": self.verify_steps, "plain_steps": self.plain_steps}
