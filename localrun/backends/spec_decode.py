@@ -40,6 +40,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from localrun.errors import LocalrunError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -365,8 +367,6 @@ class EngineSpeculation:
     measurement). Raises LocalrunError for an unknown mode or ``draft`` mode without a draft model."""
 
     def __init__(self, mode: str, draft_max: int, draft, *, memory_bound: bool) -> None:
-        from localrun.errors import LocalrunError
-
         if mode not in SPEC_MODES or mode == "off":
             raise LocalrunError(f"unknown speculation mode {mode!r}", hint="use auto, ngram, draft or off")
         if mode == "draft" and draft is None:
