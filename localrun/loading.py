@@ -112,8 +112,7 @@ def load_planned(prep: Prepared, status=None) -> Loaded:
         if prep.draft_path:
             (status or (lambda _text: None))(f"loading the draft model {prep.draft_path.name}")
         try:
-            engine.set_speculation(prep.spec_mode, prep.draft_max, str(prep.draft_path) if prep.draft_path else None,
-                                   draft_n_gpu_layers=-1 if getattr(plan, "draft_on_gpu", False) else 0)
+            engine.set_speculation(prep.spec_mode, prep.draft_max, str(prep.draft_path) if prep.draft_path else None)
         except BaseException:
             engine.close()
             raise

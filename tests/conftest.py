@@ -5,11 +5,60 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LOCALRUN_DEBUG", "")
+
+# ---- isolation from the user's own state -------------------------------------------------------------
+# Set at import, before any fixture (session-scoped ones too) runs: a session-wide LOCALRUN_HOME, and a
+# scratch HOME for everything the tests start (localrun subprocesses, Claude Code, Codex), so nothing under
+# the real home changes. The scratch HOME links the real ~/.cache and ~/.npm: package caches (pip, npm, the
+# Gemma package's assembled file) are shared, not rebuilt per run. Each test then gets its own
+# LOCALRUN_HOME (``isolated_home``). ``pytest_sessionfinish`` checks that the real ~/.localrun is unchanged.
+REAL_HOME = Path(os.environ.get("LOCALRUN_TEST_REAL_HOME") or Path.home()).resolve()
+os.environ["LOCALRUN_TEST_REAL_HOME"] = str(REAL_HOME)
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="localrun-tests-"))
+_SCRATCH_HOME = _SESSION_DIR / "home"
+_SCRATCH_HOME.mkdir()
+for _shared in (".cache", ".npm"):
+    (REAL_HOME / _shared).mkdir(exist_ok=True)
+    (_SCRATCH_HOME / _shared).symlink_to(REAL_HOME / _shared)
+os.environ["HOME"] = str(_SCRATCH_HOME)
+os.environ["LOCALRUN_HOME"] = str(_SESSION_DIR / "localrun_home")
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime ns)} of every file under ``root`` ({} when it does not exist)."""
+    out = {}
+    if root.is_dir():
+        for f in root.rglob("*"):
+            try:
+                st = f.lstat()
+            except OSError:
+                continue
+            out[str(f.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+_REAL_LOCALRUN_BEFORE = _tree_state(REAL_HOME / ".localrun")
+
+
+def real_localrun_changes() -> list[str]:
+    """Paths under the real ~/.localrun added, removed or modified since this session began."""
+    after = _tree_state(REAL_HOME / ".localrun")
+    keys = set(after) | set(_REAL_LOCALRUN_BEFORE)
+    return sorted(k for k in keys if after.get(k) != _REAL_LOCALRUN_BEFORE.get(k))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    changed = real_localrun_changes()
+    if changed:
+        print(f"\nFAILED isolation: the test session changed the real {REAL_HOME / '.localrun'}: "
+              + ", ".join(changed[:10]))
+        session.exitstatus = 1
 
 # a test that uses one of these fixtures loads a real model (llama.cpp or MLX): marked `model`, so the fast
 # tier `pytest -m "not model"` leaves it out. Tests that spawn `localrun` on a model carry the mark themselves.
@@ -100,7 +149,8 @@ def deepseek_header_path() -> Path:
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch) -> Path:
-    """Each test gets its own LOCALRUN_HOME (config, history, model store, measurements)."""
+    """Each test gets its own LOCALRUN_HOME (config, history, model store, measurements); HOME stays the
+    session's scratch home (see the top of this file)."""
     home = tmp_path_factory.mktemp("localrun_home")
     monkeypatch.setenv("LOCALRUN_HOME", str(home))
     monkeypatch.delenv("LOCALRUN_MODELS", raising=False)

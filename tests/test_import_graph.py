@@ -246,3 +246,30 @@ def test_no_module_reaches_into_another_modules_private_names():
 
 if __name__ == "__main__":
     print(report())
+
+
+# llama.cpp's model loader, context constructor and default-params constructors: only
+# ``backends/llamacpp_params.py`` calls them, so every model localrun loads (engine, draft model, embedding
+# context, dry run) gets the same placement (AMX off), load mode, threads and offload.
+LLAMA_LOADERS = frozenset({"llama_model_load_from_file", "llama_load_model_from_file", "llama_init_from_model",
+                           "llama_new_context_with_model", "llama_model_default_params",
+                           "llama_context_default_params", "llama_model_load_from_splits"})
+PARAMS_MODULE = "localrun.backends.llamacpp_params"
+
+
+def llama_loader_calls() -> list[str]:
+    """``module:line: name`` for every use of a ``LLAMA_LOADERS`` name outside ``PARAMS_MODULE``."""
+    found = []
+    for mod, path in modules().items():
+        if mod == PARAMS_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in LLAMA_LOADERS:
+                found.append(f"{mod}:{node.lineno}: {name}")
+    return found
+
+
+def test_every_llama_cpp_load_goes_through_llamacpp_params():
+    assert PARAMS_MODULE in modules()
+    assert llama_loader_calls() == []

@@ -71,6 +71,44 @@ def test_greedy_identical_alone(target, draft_pair, mode):
     assert st.completion_tokens == len(plain)
 
 
+def test_draft_model_loads_like_the_target_with_amx_placement(draft_pair, monkeypatch):
+    """On a CPU that advertises AMX llama.cpp's AMX matmul dies (``llamacpp_lib.weight_placement``); the draft
+    model used to be loaded with llama.cpp's default params and crashed there. Forced on here (the same code
+    path as a real AMX CPU): the draft's params come from ``llamacpp_params.model_params`` with the plan the
+    planner derives (``draft_plan``), extra buffer types off, and speculation stays greedy-identical."""
+    from localrun.backends import llamacpp_params
+    from localrun.backends.llamacpp import LlamaCppEngine
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import add_draft_model, draft_plan, simple_plan
+
+    monkeypatch.setattr(llamacpp_params, "cpu_advertises_amx", lambda: True)
+    seen = []
+    real = llamacpp_params.model_params
+
+    def spy(C, plan, spec):
+        out = real(C, plan, spec)
+        seen.append((plan, spec.path, out))
+        return out
+
+    monkeypatch.setattr(llamacpp_params, "model_params", spy)
+    target_path, draft_path = draft_pair
+    plan = add_draft_model(simple_plan(read_gguf(target_path), n_ctx=256), read_gguf(draft_path))
+    eng = LlamaCppEngine(str(target_path), plan)
+    try:
+        prompt = _prompt(eng, EDIT)
+        p = SamplingParams(temperature=0, max_tokens=40)
+        [(plain, _)] = _run(eng, [prompt], [p])
+        _set(eng, "draft", draft_path, adaptive=False)
+        [(spec, last)] = _run(eng, [prompt], [p])
+    finally:
+        eng.close()
+    assert [str(path) for _, path, _ in seen] == [str(target_path), str(draft_path)]
+    dplan, _, dparams = seen[1]
+    assert dplan == draft_plan(plan) and dplan.kv_unified and dplan.n_gpu_layers == 0
+    assert dparams.params.use_extra_bufts is False  # llama.cpp's AMX buffer type stays off for the draft too
+    assert spec == plain and last.stats.draft_tokens > 0
+
+
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
 def test_greedy_identical_8_streams(target, draft_pair, mode):
     fruits = ["pear", "plum", "fig", "kiwi", "lime", "date", "yuzu", "sloe"]

@@ -23,8 +23,8 @@ from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, TokenLogprob
 from localrun.backends.control import build_control
-from localrun.backends.llamacpp_lib import LlamaLog, import_llama, last_errors, physical_cores
-from localrun.backends.llamacpp_params import context_params, model_params
+from localrun.backends.llamacpp_lib import LlamaLog, import_llama, last_errors
+from localrun.backends.llamacpp_params import context_params, load_model, model_params, new_context
 from localrun.backends.llamacpp_seq import Generation, Slot
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
@@ -79,11 +79,11 @@ class LlamaCppEngine:
         mark = LlamaLog.mark()
 
         mparams = model_params(C, plan, self.spec)  # llamacpp_params.py: devices, split, weight placement
-        mp, self._keep = mparams.params, mparams.keep
+        self._keep = mparams  # the ctypes arrays the params point into live as long as the model
         self.repacked, self.batch_invariant = mparams.repacked, mparams.batch_invariant
         self._rpc_devices = mparams.rpc_devices
         t0 = time.perf_counter()
-        self.model = C.llama_model_load_from_file(model_path.encode(), mp)
+        self.model = load_model(C, model_path, mparams)
         if not self.model:
             self._raise_load_error(LlamaLog.since(mark))
         self.vocab = C.llama_model_get_vocab(self.model)
@@ -91,7 +91,7 @@ class LlamaCppEngine:
 
         n_par = max(1, int(plan.n_parallel))
         cp = context_params(C, plan)
-        self.ctx = C.llama_init_from_model(self.model, cp)
+        self.ctx = new_context(C, self.model, cp)
         if not self.ctx:
             lines = LlamaLog.since(mark)
             C.llama_model_free(self.model)
@@ -130,11 +130,12 @@ class LlamaCppEngine:
         self._no_abort_cb = C.ggml_abort_callback()
         self.speculation = None  # llamacpp_spec.Speculation: speculative decoding (set_speculation), None = off
 
-    def set_speculation(self, mode: str = "auto", draft_max: int | None = None, draft_path: str | None = None,
-                        *, draft_n_gpu_layers: int | None = None) -> None:
+    def set_speculation(self, mode: str = "auto", draft_max: int | None = None,
+                        draft_path: str | None = None) -> None:
         """Speculative decoding for the generations started from now on (``spec_decode.py``):
         ``mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``; ``draft_max`` tokens per verify step at most;
-        ``draft_path`` a GGUF with this model's vocabulary, loaded here with its own context. Raises
+        ``draft_path`` a GGUF with this model's vocabulary, loaded here with its own context and the plan
+        ``offload.plan.draft_plan`` derives from this engine's (on the GPU when ``plan.draft_on_gpu``). Raises
         VocabularyMismatchError (checked on the headers, before loading), LocalrunError (``draft``
         without a draft model, an unknown mode), BackendError (the draft does not load)."""
         from localrun.backends.llamacpp_spec import DraftModel, Speculation, check_same_vocab
@@ -150,10 +151,11 @@ class LlamaCppEngine:
         if draft_path and mode in ("auto", "draft"):
             from localrun.model.gguf_info import read_gguf
 
-            check_same_vocab(self.spec, read_gguf(draft_path))
-            ngl = self.plan.n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-            draft = DraftModel(draft_path, n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_gpu_layers=int(ngl),
-                               n_threads=int(self.plan.n_threads or physical_cores()))
+            draft_spec = read_gguf(draft_path)
+            check_same_vocab(self.spec, draft_spec)
+            from localrun.offload.plan import draft_plan
+
+            draft = DraftModel(draft_path, draft_plan(self.plan), spec=draft_spec)
         self.speculation = Speculation(self, mode, DRAFT_MAX_DEFAULT if draft_max is None else draft_max, draft)
 
     # ------------------------------------------------------------------ model facts

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from localrun.backends.llamacpp_lib import LlamaLog, import_llama, last_errors
-from localrun.backends.llamacpp_params import LOAD_NONE, context_params, model_params
+from localrun.backends.llamacpp_params import LOAD_NONE, context_params, load_model, model_params, new_context
 from localrun.errors import BackendError
 
 # src/llama-context.cpp: "%10s compute buffer size = %8.2f MiB" (the buffer type's name)
@@ -52,11 +52,11 @@ def measure_compute(model_path: str, plan, spec=None) -> dict[str, int]:
     mp = mparams.params
     mp.no_alloc = True
     mp.load_mode = LOAD_NONE  # as common/fit.cpp: nothing mapped
-    model = C.llama_model_load_from_file(str(model_path).encode(), mp)
+    model = load_model(C, model_path, mparams)
     if not model:
         raise BackendError(f"llama.cpp could not read {model_path}: " + last_errors(LlamaLog.since(mark)))
     try:
-        ctx = C.llama_init_from_model(model, context_params(C, plan))
+        ctx = new_context(C, model, context_params(C, plan))
         if not ctx:
             raise BackendError("llama.cpp could not plan the context: " + last_errors(LlamaLog.since(mark)),
                                hint="lower --ctx or use --kv-type q8_0")

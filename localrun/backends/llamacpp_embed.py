@@ -16,6 +16,7 @@ import ctypes
 import math
 from typing import Sequence
 
+from localrun.backends.llamacpp_params import embedding_context_params, new_context
 from localrun.errors import BackendError, ContextOverflowError
 
 
@@ -26,17 +27,7 @@ class LlamaCppEmbedder:
         C = self.C = engine.C
         self.engine = engine
         self.n_ctx = int(min(n_ctx or engine.n_ctx, engine.n_ctx))
-        cp = C.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
-        cp.n_seq_max = 1
-        threads = engine.plan.n_threads_batch or engine.plan.n_threads
-        if threads:
-            cp.n_threads = cp.n_threads_batch = int(threads)
-        cp.embeddings = True
-        cp.pooling_type = C.LLAMA_POOLING_TYPE_MEAN
-        cp.kv_unified = True
-        cp.no_perf = True
-        self.ctx = C.llama_init_from_model(engine.model, cp)
+        self.ctx = new_context(C, engine.model, embedding_context_params(C, engine.plan, self.n_ctx))
         if not self.ctx:
             raise BackendError("llama.cpp could not create the embedding context",
                                hint="lower --ctx or run with LOCALRUN_DEBUG=1 to see llama.cpp's log")

@@ -1,8 +1,11 @@
-"""A plan (``offload/plan.py``) → llama.cpp's ``llama_model_params`` and ``llama_context_params``.
+"""A plan (``offload/plan.py``) → llama.cpp's ``llama_model_params`` and ``llama_context_params``, and the
+only calls in localrun that load a model or create a context (``load_model``, ``new_context``).
 
-One place for both, so the engine (``llamacpp.LlamaCppEngine``) and llama.cpp's dry run
-(``llamacpp_dryrun.measure_buffers``: ``no_alloc``, what ``fit`` reports per device) pass llama.cpp the same
-devices, ``tensor_split``, weight placement, context, KV type and flash attention.
+One place for all of it, so the engine, the speculative draft model, the embedding context and llama.cpp's
+dry run (``no_alloc``, what ``fit`` reports per device) pass llama.cpp the same devices, ``tensor_split``,
+weight placement (the AMX buffer type kept off, see ``weight_placement``), load mode, threads, context, KV
+type and flash attention. ``tests/test_import_graph.py`` checks that no other module calls llama.cpp's
+loaders or its default-params constructors.
 
 Load mode: llama.cpp replaced ``use_mmap``/``use_mlock`` with one ``load_mode`` (include/llama.h
 ``llama_load_mode``). ``AUTO`` maps the file unless a device cannot (src/llama-model.cpp ``load_tensors``),
@@ -89,6 +92,35 @@ def model_params(C, plan, spec) -> ModelParams:
         mp.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         out.keep.append(overrides)
     return out
+
+
+def load_model(C, path, mparams: ModelParams):
+    """``llama_model_load_from_file(path, mparams.params)`` → the model pointer, or None when llama.cpp
+    cannot load it (its log says why: ``llamacpp_lib.LlamaLog``). ``mparams`` must come from ``model_params``
+    and stay alive while the model is used (its ctypes arrays)."""
+    if not isinstance(mparams, ModelParams):
+        raise TypeError("load_model takes llamacpp_params.model_params(...), not a raw llama_model_params")
+    return C.llama_model_load_from_file(str(path).encode(), mparams.params) or None
+
+
+def new_context(C, model, cparams):
+    """``llama_init_from_model(model, cparams)`` → the context pointer, or None when llama.cpp cannot create
+    it. ``cparams`` comes from ``context_params`` or ``embedding_context_params``."""
+    return C.llama_init_from_model(model, cparams) or None
+
+
+def embedding_context_params(C, plan, n_ctx: int):
+    """``context_params`` for a second context on the same weights that returns mean-pooled sentence
+    embeddings (llama.cpp examples/embedding/embedding.cpp): one sequence of at most ``n_ctx`` tokens
+    decoded in one ubatch (pooling needs the whole sequence there), unified KV, the plan's threads, flash
+    attention, KV type and offload."""
+    cp = context_params(C, plan)
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = int(n_ctx)
+    cp.n_seq_max = 1
+    cp.embeddings = True
+    cp.pooling_type = C.LLAMA_POOLING_TYPE_MEAN
+    cp.kv_unified = True
+    return cp
 
 
 def context_params(C, plan):

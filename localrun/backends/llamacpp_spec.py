@@ -88,40 +88,38 @@ def first_token_difference(a, b) -> int | None:
 
 
 class DraftModel:
-    """A small GGUF loaded next to the target: its own ``llama_context`` (unified KV, one sequence per
-    target slot, ``n_ctx`` tokens each) and a mirror of the tokens each sequence's KV holds.
+    """A small GGUF loaded next to the target with ``plan`` (``offload.plan.draft_plan``: unified KV, one
+    sequence per target slot, ``n_ctx`` tokens each) through ``llamacpp_params`` like every model localrun
+    loads, and a mirror of the tokens each sequence's KV holds. ``spec``: its header, when already read.
 
     ``propose`` brings each sequence's KV up to its context (only what changed since the last call is
     decoded: the accepted tokens) and decodes ``k`` draft tokens for all sequences together, one
     ``llama_decode`` per drafted position. Raises BackendError when llama.cpp cannot load it."""
 
-    def __init__(self, path: str, *, n_ctx: int, n_parallel: int, n_gpu_layers: int, n_threads: int) -> None:
+    def __init__(self, path: str, plan, *, spec=None) -> None:
         from localrun.backends.llamacpp_lib import LlamaLog, import_llama, last_errors
+        from localrun.backends.llamacpp_params import context_params, load_model, model_params, new_context
+        from localrun.model.gguf_info import read_gguf
 
         _, C = import_llama()
-        self.C, self.path = C, path
+        self.C, self.path, self.plan = C, path, plan
         mark = LlamaLog.mark()
-        mp = C.llama_model_default_params()
-        mp.n_gpu_layers = int(n_gpu_layers if n_gpu_layers >= 0 else 1_000_000)
-        self.model = C.llama_model_load_from_file(str(path).encode(), mp)
+        # the same placement, load mode and threads as any model localrun loads (llamacpp_params)
+        self._params = model_params(C, plan, spec or read_gguf(path))
+        self.model = load_model(C, path, self._params)
         if not self.model:
             raise BackendError(f"llama.cpp could not load the draft model {path}: " + last_errors(LlamaLog.since(mark)))
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
-        cp = C.llama_context_default_params()
-        cp.n_ctx = int(n_ctx) * n_parallel
-        cp.n_batch = cp.n_ubatch = 512
-        cp.n_seq_max = n_parallel
-        cp.n_threads = cp.n_threads_batch = int(n_threads)
-        cp.kv_unified = True
-        cp.no_perf = True
-        self.ctx = C.llama_init_from_model(self.model, cp)
+        cp = context_params(C, plan)
+        self.ctx = new_context(C, self.model, cp)
         if not self.ctx:
             C.llama_model_free(self.model)
             raise BackendError("llama.cpp could not create the draft model's context: "
                                + last_errors(LlamaLog.since(mark)), hint="lower --ctx or --parallel")
+        n_parallel = max(1, int(plan.n_parallel))
         self.mem = C.llama_get_memory(self.ctx)
-        self.n_batch = 512
+        self.n_batch = int(cp.n_batch)
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         self.mirrors: list[list[int]] = [[] for _ in range(n_parallel)]
 

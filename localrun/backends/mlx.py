@@ -133,10 +133,10 @@ class MlxEngine:
         self.speculation = None  # mlx_spec.MlxSpeculation: speculative decoding (set_speculation), None = off
         self.kv_cache = None  # mlx_cache.MlxKVCache: RAM/disk prompt-cache tiers (mlx_cache.attach_mlx_kv_cache)
 
-    def set_speculation(self, mode: str = "auto", draft_max: int | None = None, draft_path: str | None = None,
-                        *, draft_n_gpu_layers: int | None = None) -> None:
+    def set_speculation(self, mode: str = "auto", draft_max: int | None = None,
+                        draft_path: str | None = None) -> None:
         """Speculative decoding for the generations started from now on, as ``LlamaCppEngine.set_speculation``
-        (``mlx_spec.py``; ``draft_n_gpu_layers`` has no meaning on MLX). Raises VocabularyMismatchError,
+        (``mlx_spec.py``). Raises VocabularyMismatchError,
         LocalrunError (an unknown mode, ``draft`` without a draft model), BackendError."""
         from localrun.backends.mlx_spec import configure_speculation
 

@@ -627,6 +627,21 @@ def check_fits(plan: Plan, force: bool = False) -> None:
     )
 
 
+def draft_plan(plan: Plan) -> Plan:
+    """The Plan a speculative-decoding draft model loads with, derived from the target's ``plan`` (after
+    ``add_draft_model`` decided ``draft_on_gpu``): the same context per sequence, sequences, threads, load
+    mode, devices and flash attention; all layers on the GPU when ``draft_on_gpu``, else none; an f16,
+    unified KV (its batches mix catch-up lengths freely) and 512-token batches. Its memory is already in
+    ``plan`` (``draft_bytes``), so the prediction fields stay empty."""
+    return Plan(
+        backend=plan.backend, n_ctx=plan.n_ctx, n_parallel=plan.n_parallel,
+        n_gpu_layers=-1 if plan.draft_on_gpu else 0, n_batch=512, n_ubatch=512,
+        n_threads=plan.n_threads, n_threads_batch=plan.n_threads_batch or plan.n_threads, kv_type="f16",
+        flash_attn=plan.flash_attn, use_mmap=plan.use_mmap, use_mlock=plan.use_mlock, offload_kqv=plan.offload_kqv,
+        kv_unified=True, main_gpu=plan.main_gpu, split_mode="none" if plan.draft_on_gpu else plan.split_mode,
+    )
+
+
 def add_draft_model(plan: Plan, draft) -> Plan:
     """Add a speculative-decoding draft model (``draft``: its ModelSpec) to ``plan``, in place: its
     weights, its KV (f16, unified, ``n_ctx × n_parallel`` cells: ``llamacpp_spec.DraftModel``'s context) and
