@@ -20,7 +20,7 @@ PROMPT = "Once upon a time, in a land far away, there lived"
 
 
 def no_amx_patch():
-    """This machine's llama.cpp dies on AMX (see localrun.backends.llamacpp); peers get the same fix."""
+    """This machine's llama.cpp dies on AMX (see localrun.backends.llamacpp.lib); peers get the same fix."""
     import llama_cpp
     from llama_cpp import llama_cpp as C
 
@@ -113,7 +113,7 @@ def main() -> None:
 
     llm = Llama(path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     from localrun.machine.hardware import probe_hardware
-    from localrun.offload.plan import plan_for_run
+    from localrun.offload.search import plan_for_run
 
     plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=1024)  # what `localrun chat` loads
     plan.n_threads = plan.n_threads_batch = threads

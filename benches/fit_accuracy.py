@@ -19,7 +19,7 @@ from localrun.backends import load_engine
 from localrun.backends.base import SamplingParams
 from localrun.model.gguf_info import read_gguf
 from localrun.machine.hardware import probe_hardware
-from localrun.offload.plan import plan_for_run
+from localrun.offload.search import plan_for_run
 path, n_ctx, n_tok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=n_ctx)
 eng = load_engine(path, plan)

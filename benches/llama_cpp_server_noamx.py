@@ -2,7 +2,7 @@
 
 On CPUs that advertise AMX (``amx_tile`` in /proc/cpuinfo) llama.cpp's AMX kernels in this build die with
 SIGILL on multi-token batches, so localrun loads models with ``use_extra_bufts = False``
-(``localrun.backends.llamacpp.cpu_advertises_amx``). This wrapper gives the peer server the same model
+(``localrun.backends.llamacpp.lib.cpu_advertises_amx``). This wrapper gives the peer server the same model
 params — under the same condition, so both sides run the same kernels — and then runs llama_cpp.server's
 own ``main()`` with the command line unchanged:
 
@@ -24,7 +24,7 @@ def patch_no_amx() -> bool:
     (as localrun does). Returns whether the patch was applied."""
     import llama_cpp.llama
 
-    from localrun.backends.llamacpp_lib import cpu_advertises_amx
+    from localrun.backends.llamacpp.lib import cpu_advertises_amx
 
     if not cpu_advertises_amx():
         return False

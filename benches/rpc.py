@@ -110,7 +110,7 @@ class Proc:
 def localrun_plan(model: Path, workers: list[str], args):
     """localrun's plan for the split (the runner makes the same one): tensor_split, n_gpu_layers, flash_attn.
     Connects to the workers for their memory, then lets go (a worker serves one client at a time)."""
-    from localrun.backends.rpc import hardware_for
+    from localrun.backends.llamacpp.rpc import hardware_for
     from localrun.loading import plan_load
 
     prep = plan_load(str(model), n_ctx=args.ctx, n_parallel=1, n_gpu_layers=args.ngl, n_threads=args.threads,

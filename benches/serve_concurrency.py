@@ -288,7 +288,7 @@ def server_argv(kind: str, args, port: int) -> list[str]:
         n = max(args.levels)
         argv = [str(args.llama_server), "-m", str(args.model), "--host", HOST, "--port", str(port), "-np", str(n),
                 "-c", str(args.ctx * n), "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]
-        from localrun.backends.llamacpp_lib import cpu_advertises_amx
+        from localrun.backends.llamacpp.lib import cpu_advertises_amx
 
         return argv + (["--no-repack"] if cpu_advertises_amx() else [])  # the AMX fix localrun applies
     return [py, str(ROOT / "benches" / "llama_cpp_server_noamx.py"), "--model", str(args.model),

@@ -42,7 +42,7 @@ def smollm_q4_1() -> Path:
 
 
 def quantize_q8_0(src: Path, dst: Path) -> Path:
-    from localrun.backends.llamacpp_lib import import_llama
+    from localrun.backends.llamacpp.lib import import_llama
 
     _, C = import_llama()
     p = C.llama_model_quantize_default_params()
@@ -52,7 +52,7 @@ def quantize_q8_0(src: Path, dst: Path) -> Path:
     return dst
 
 
-_SRC = Path(__file__).resolve().parents[1].joinpath("localrun/backends/llamacpp_sampling.py").read_text()
+_SRC = Path(__file__).resolve().parents[1].joinpath("localrun/backends/llamacpp/sampling.py").read_text()
 _START = _SRC.index("    chain = C.llama_sampler_chain_init")
 PASSAGE = _SRC[_START:_SRC.index("\n", _START + 1150)]  # ≈ 400 tokens of code
 
@@ -127,7 +127,7 @@ def main() -> None:
     draft = smollm_q4_1()
     target = quantize_q8_0(draft, tmp / "SmolLM2-135M-Instruct.Q8_0.gguf")
     plan = simple_plan(read_gguf(target), n_ctx=1024, n_parallel=8)
-    from localrun.backends.llamacpp_lib import physical_cores
+    from localrun.backends.llamacpp.lib import physical_cores
 
     plan.n_threads = plan.n_threads_batch = a.threads or plan.n_threads or physical_cores()  # the peer's too
     eng = load_engine(target, plan)

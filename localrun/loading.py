@@ -60,7 +60,8 @@ def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | Non
     from localrun.machine.hardware import probe_hardware
     from localrun.model.chat_template import load_template
     from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import Plan, plan_for_run
+    from localrun.offload.plan import Plan
+    from localrun.offload.search import plan_for_run
     from localrun.store.resolve import resolve_model
 
     path = resolve_model(model, models_dir)
@@ -126,7 +127,7 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
                draft_model: str | None = None, draft_max: int | None = None, hardware=None) -> Loaded:
     """Resolve, plan and load MODEL (``plan_load``, ``check_fits``, ``load_planned``). ``status(text)`` is
     called with progress messages. ``hardware``: the profile to plan for (default: probe this machine;
-    ``--rpc`` adds the workers' devices, ``backends.rpc.hardware_with_workers``).
+    ``--rpc`` adds the workers' devices, ``backends.hardware_with_workers``).
 
     The plan is ``plan_for_run`` for the detected machine; every flag given overrides the planner.
     Speculative decoding (llama.cpp and MLX): ``spec_mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``, ``draft_model``
@@ -149,11 +150,9 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
 
 
 def _gpu_offload_supported(backend: str) -> bool:
-    if backend == "llamacpp":
-        from localrun.backends.llamacpp_lib import supports_gpu_offload
+    from localrun.backends import supports_gpu_offload
 
-        return supports_gpu_offload()
-    return True  # MLX: Metal on a Mac (the planner only offloads when the profile has a GPU)
+    return supports_gpu_offload(backend)  # MLX: True (Metal on a Mac; the planner offloads only onto a GPU)
 
 
 def _check_speculation(mode: str, draft_model: str | None, spec: ModelSpec | None, models_dir: Path | None):
@@ -169,7 +168,7 @@ def _check_speculation(mode: str, draft_model: str | None, spec: ModelSpec | Non
         raise LocalrunError("--spec draft needs --draft-model", hint="give --draft-model MODEL, or use --spec ngram")
     if not draft_model or mode in ("off", "ngram"):
         return None
-    from localrun.backends.llamacpp_spec import check_same_vocab
+    from localrun.backends.draft_vocab import check_same_vocab
     from localrun.model.gguf_info import read_gguf
     from localrun.store.resolve import resolve_model
 

@@ -120,7 +120,7 @@ def smollm_path() -> Path:
 def draft_pair(smollm_path, tmp_path_factory) -> tuple[Path, Path]:
     """(target, draft) for speculative decoding: a Q8_0 SmolLM2 written from the shipped Q4_1 with llama.cpp's
     own quantize API (``llama_model_quantize``, allow_requantize; ≈ 2 s), and the shipped Q4_1 as the draft."""
-    from localrun.backends.llamacpp_lib import import_llama
+    from localrun.backends.llamacpp.lib import import_llama
 
     _, C = import_llama()  # its log sink keeps the quantizer's per-tensor lines off the test output
     target = tmp_path_factory.mktemp("draft_pair") / "SmolLM2-135M-Instruct.Q8_0.gguf"

@@ -110,13 +110,13 @@ def greedy_trace(engine, prompt, *, max_tokens: int = 24, params=None):
 
     from localrun.backends.base import SamplingParams
     from localrun.backends.dry import breaker_ids, dry_penalties
-    from localrun.backends.llamacpp_sampling import DRY_SEQUENCE_BREAKERS
+    from localrun.backends.llamacpp.sampling import DRY_SEQUENCE_BREAKERS
 
     p = replace(params or SamplingParams(), temperature=0.0, max_tokens=max_tokens, logprobs=2, seed=0)
     assert p.repeat_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty, \
         "greedy_trace computes DRY margins only"
     stream = engine.generate(prompt, p) if isinstance(prompt, str) else engine.chat(prompt, p)
-    history: list[int] = []  # DRY sees the answer only (llamacpp_sampling.make_sampler)
+    history: list[int] = []  # DRY sees the answer only (llamacpp.sampling.make_sampler)
     breakers = frozenset()
     if p.dry_multiplier > 0:
         texts = ((t, engine.detokenize([t])) for t in range(engine.n_vocab))

@@ -288,7 +288,7 @@ def test_sdk_accumulator_rebuilds_every_block_type():
     from anthropic.lib.streaming._messages import accumulate_event
 
     from localrun.dialects.reply import Delta, ToolCallArgs, ToolCallEnd, ToolCallStart
-    from localrun.server.anthropic_convert import MessageBuilder
+    from localrun.server.anthropic.convert import MessageBuilder
 
     b = MessageBuilder("m", prompt_tokens=30, cached_tokens=10)
     events = b.start()

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from localrun.dialects.reply import Delta, ToolCallArgs, ToolCallEnd, ToolCallStart
-from localrun.server import anthropic_convert as ac
-from localrun.server.anthropic_schemas import CountTokensRequest, MessagesRequest
+from localrun.server.anthropic import convert as ac
+from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest
 from localrun.server.errors import RequestError
 
 TOOLS = [{"name": "get_weather", "description": "Weather for a city",
@@ -218,7 +218,7 @@ def test_pings_fill_the_silences(monkeypatch):
     all delivered, in order."""
     import asyncio
 
-    from localrun.server import anthropic_api
+    from localrun.server.anthropic import routes as anthropic_api
 
     monkeypatch.setattr(anthropic_api, "PING_INTERVAL_S", 0.05)
 

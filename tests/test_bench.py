@@ -102,7 +102,7 @@ def test_in_process_bench_json_plot_and_calibrate(tmp_path, isolated_home):
     from localrun.machine.hardware import HardwareProfile
     from localrun.machine.measurements import planner_measurement
     from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import plan_for_run
+    from localrun.offload.search import plan_for_run
 
     spec = read_gguf(rep["target"]["path"])
     plan = plan_for_run(spec, HardwareProfile.from_dict(rep["hardware"]), n_ctx=rep["plan"]["n_ctx"], n_parallel=2,

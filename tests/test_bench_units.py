@@ -99,7 +99,7 @@ def test_calibration_inverts_the_planners_decode_formula(smollm_path):
     from localrun.machine.hardware import probe_hardware
     from localrun.machine.measurements import get_measurement
     from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import plan_for_run
+    from localrun.offload.search import plan_for_run
 
     spec = read_gguf(smollm_path)
     hw = probe_hardware()

@@ -128,12 +128,22 @@ def test_one_shot_prints_only_the_answer_on_stdout(isolated_home, smollm_path):
     assert "thought for" in r.stderr and not any(t in r.stderr for t in TAGS)
 
 
+def _interrupt_answer(child) -> None:
+    """Ctrl-C while an answer streams: it stops ("stopped", the partial answer kept). An answer of a tiny
+    model can end before the signal lands (on a busy machine the screen lags the model): then the Ctrl-C
+    meets the empty prompt, which says how to leave and keeps the session. Either way the next prompt comes
+    and nothing is lost (the caller checks the history); a crash or a hang fails."""
+    child.sendintr()
+    child.expect([r"stopped", r"Ctrl-D or /exit to leave"])
+    child.expect(">>>")
+
+
 def test_a_person_at_the_terminal(isolated_home, smollm_path, tmp_path):
     """The fold line, /think budget, /think with bad arguments, Ctrl-C during thinking (an answer follows),
     a second Ctrl-C stopping that answer, /think off, /save keeping the thinking."""
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(sys.executable, ["-m", "localrun", "chat", str(smollm_path), "--chat-template", str(QWQ),
-                                           "--temp", "0", "-n", "400"],
+                                           "--temp", "0", "-n", "200"],
                           env=_env(isolated_home), encoding="utf-8", timeout=300, dimensions=(30, 100))
     saved = tmp_path / "chat.json"
     try:
@@ -152,9 +162,7 @@ def test_a_person_at_the_terminal(isolated_home, smollm_path, tmp_path):
         child.expect("thinking…")  # the live region while it thinks
         child.expect(r"thought for \d+\.\d s, \d+ tokens")
         child.expect(r"\w+ \w+ \w+")  # the answer
-        child.sendintr()  # the budget closed the block: this Ctrl-C stops the answer
-        child.expect("stopped")
-        child.expect(">>>")
+        _interrupt_answer(child)  # the budget closed the block: this Ctrl-C stops the answer
 
         for bad, said in (("/think bogus", "not understood"), ("/think budget x", "not a thinking budget")):
             child.sendline(bad)
@@ -170,9 +178,7 @@ def test_a_person_at_the_terminal(isolated_home, smollm_path, tmp_path):
         child.sendintr()  # first Ctrl-C: end the thinking
         child.expect(r"thought for \d+\.\d s, \d+ tokens \(ended early: Ctrl-C\)")
         child.expect(r"\w+ \w+ \w+")  # the answer comes
-        child.sendintr()  # second Ctrl-C: stop the answer
-        child.expect("stopped")
-        child.expect(">>>")
+        _interrupt_answer(child)  # second Ctrl-C: stop the answer
 
         child.sendline("/stats")
         child.expect("messages in history 4")  # bad /think arguments lost nothing
@@ -184,9 +190,7 @@ def test_a_person_at_the_terminal(isolated_home, smollm_path, tmp_path):
         child.expect_exact("\x1b[?2004l")
         child.expect(r"\w+ \w+ \w+")  # answered at once: no thinking region, no fold line
         assert "thinking…" not in child.before and "thought for" not in child.before
-        child.sendintr()
-        child.expect("stopped")
-        child.expect(">>>")
+        _interrupt_answer(child)
         child.sendline(f"/save {saved}")
         child.expect("saved 6 messages")
         child.expect(">>>")

@@ -14,9 +14,10 @@ from localrun.backends.base import Constraint
 from localrun.constrain import GrammarControl, check, tool_call_constraint
 from localrun.constrain.control import fresh_matcher
 from localrun.errors import ConstraintError
-from localrun.server import convert as cv
 from localrun.server.errors import RequestError, error_info
-from localrun.server.schemas import ChatCompletionRequest
+from localrun.server.ollama import convert as cv
+from localrun.server.openai import convert as openai_cv
+from localrun.server.openai.schemas import ChatCompletionRequest
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "pattern": "^[A-Z][a-z]{1,8}$"},
@@ -66,7 +67,7 @@ def _req(**kw) -> ChatCompletionRequest:
 
 def test_request_fields_become_one_checked_constraint():
     def params(**kw):
-        return cv.sampling_from_openai(_req(**kw), max_tokens=None, logprobs=None)
+        return openai_cv.sampling_from_openai(_req(**kw), max_tokens=None, logprobs=None)
 
     assert params().constraint is None and params(response_format={"type": "text"}).constraint is None
     assert params(response_format={"type": "json_object"}).constraint.kind == "json_object"

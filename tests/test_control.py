@@ -1,4 +1,4 @@
-"""The token control on the llama.cpp engine with SmolLM2 (design13 §2): the reasoning budget closes the
+"""The token control on the llama.cpp engine with SmolLM2 (docs/architecture.md §2): the reasoning budget closes the
 thinking block after exactly ``budget`` model tokens and the answer never repeats the close tag; a budgeted
 sequence and a free one share a batch and each gets its solo tokens; a mask + complete control (the hook
 llguidance constraints use) restricts and ends a generation; ``render_special`` shows control tokens.

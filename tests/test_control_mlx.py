@@ -1,6 +1,6 @@
 """The token control on the MLX engine (mlx[cpu], SmolLM2's GGUF): the reasoning budget, a mask +
 complete control through the constraint hook, and ``render_special`` — the same checks as
-tests/test_control.py runs on llama.cpp (design13 §2)."""
+tests/test_control.py runs on llama.cpp (docs/architecture.md §2)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """backends/control.py without a model: the reasoning budget's state machine on a small made-up vocabulary,
-the close-tag ban masks, ControlSet composition, and a constraint without a compiler (design13 §2)."""
+the close-tag ban masks, ControlSet composition, and a constraint without a compiler (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_control_set_composes_forced_masks_accept_complete():
 
 def test_no_control_for_plain_params_and_constraint_without_compiler(monkeypatch):
     assert build_control(ToyVocab(), SamplingParams()) is None
-    pytest.importorskip("localrun.constrain")  # build_control imports it (it registers llguidance's compiler)
+    pytest.importorskip("localrun.constrain")  # the default compiler (control.compile_with_llguidance) imports it
     monkeypatch.setattr(control, "_compiler", None)  # as when llguidance is missing
     with pytest.raises(BackendUnavailableError, match="constrained decoding"):
         build_control(ToyVocab(), SamplingParams(constraint=Constraint("regex", "[0-9]+")))

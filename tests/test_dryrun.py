@@ -1,4 +1,4 @@
-"""llama.cpp's dry run of a plan (``backends.llamacpp_dryrun``): the compute buffers it reserves per device.
+"""llama.cpp's dry run of a plan (``backends.llamacpp.dryrun``): the compute buffers it reserves per device.
 
 - On this machine's CPU, the dry run (``no_alloc``: no weights read, no buffer allocated) gives the same
   compute buffer as a real load of the same plan logs, for SmolLM2 and Gemma-3 (the RPC split is checked
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from localrun.backends.llamacpp_dryrun import apply_measured_compute, compute_buffers
+from localrun.backends.llamacpp.dryrun import apply_measured_compute, compute_buffers
 
 MIB = 1024 * 1024
 
@@ -29,7 +29,7 @@ def test_measured_compute_replaces_each_gpu_s_estimate():
     from localrun.machine.presets import get_preset
     from localrun.model.catalog import get_entry
     from localrun.model.synthetic import spec_from_entry
-    from localrun.offload.plan import plan_for_run
+    from localrun.offload.search import plan_for_run
 
     p = plan_for_run(spec_from_entry(get_entry("llama-3.3-70b-instruct"), "Q4_K_M"), get_preset("2x24gb"))
     assert len(p.devices) == 2 and p.fits
@@ -50,7 +50,7 @@ def test_a_device_the_dry_run_did_not_report_is_left_as_planned():
     from localrun.machine.presets import get_preset
     from localrun.model.catalog import get_entry
     from localrun.model.synthetic import spec_from_entry
-    from localrun.offload.plan import plan_for_run
+    from localrun.offload.search import plan_for_run
 
     p = plan_for_run(spec_from_entry(get_entry("llama-3.3-70b-instruct"), "Q4_K_M"), get_preset("2x24gb"))
     planned = [d["compute_bytes"] for d in p.devices]
@@ -63,7 +63,7 @@ def test_a_device_the_dry_run_did_not_report_is_left_as_planned():
 @pytest.mark.parametrize("which", ["smollm", "gemma"])
 def test_dry_run_matches_a_real_load_on_the_cpu(which, request):
     from localrun.backends import load_engine
-    from localrun.backends.llamacpp_dryrun import measure_compute
+    from localrun.backends.llamacpp.dryrun import measure_compute
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 

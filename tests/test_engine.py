@@ -139,8 +139,8 @@ def test_moe_expert_overrides_reach_llama_cpp(smollm_path, monkeypatch):
     """plan.n_cpu_moe becomes llama.cpp tensor_buft_overrides (as --n-cpu-moe). SmolLM2 has no experts, so
     the same mechanism is checked with the dense-FFN regex (llama.cpp's LLM_FFN_DENSE_REGEX): llama.cpp
     logs each overridden tensor, and only layers below n_cpu_moe are affected."""
-    from localrun.backends import llamacpp_lib
-    from localrun.backends.llamacpp import LlamaCppEngine
+    from localrun.backends.llamacpp import lib as llamacpp_lib
+    from localrun.backends.llamacpp.engine import LlamaCppEngine
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
@@ -163,7 +163,7 @@ def test_repack_patterns_name_the_cpu_layers_llama_cpp_would_repack():
     multiple of 8; layers offloaded to a GPU (the last n_gpu_layers, the output past n_layer) are left out."""
     import re
 
-    from localrun.backends.llamacpp_lib import repack_patterns
+    from localrun.backends.llamacpp.lib import repack_patterns
     from localrun.model.catalog import get_entry
     from localrun.model.synthetic import spec_from_entry
 
@@ -193,8 +193,9 @@ def test_gemma_q4_k_weights_are_repacked_without_amx(gemma_path, monkeypatch):
     reports a CPU_REPACK buffer the size of Gemma's Q4_K layer weights, and greedy text equals the
     unrepacked model's for 8 tokens (LOCALRUN_NO_REPACK=1; the GEMM sums in another order, so a long greedy
     run may part at a near-tie, as it does between llama.cpp builds)."""
-    from localrun.backends import llamacpp, llamacpp_params
-    from localrun.backends.llamacpp_lib import ggml_lib
+    from localrun.backends.llamacpp import engine as llamacpp
+    from localrun.backends.llamacpp import params as llamacpp_params
+    from localrun.backends.llamacpp.lib import ggml_lib
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 

@@ -14,7 +14,8 @@ from localrun.machine.presets import get_preset, preset_names
 from localrun.model.catalog import get_entry
 from localrun.model.gguf_info import read_gguf
 from localrun.model.synthetic import requantize, spec_from_entry
-from localrun.offload.plan import check_fits, plan_for_run, simple_plan
+from localrun.offload.plan import check_fits, simple_plan
+from localrun.offload.search import plan_for_run
 
 
 def test_7b_header_on_12gb_gpu(deepseek_header_path):

@@ -84,7 +84,7 @@ def test_one_parser_reads_the_vocabulary_for_mlx(smollm_path):
     backend builds its tokenizer from, equal to the gguf package's reader."""
     import gguf
 
-    from localrun.backends.mlx_gguf import read_metadata
+    from localrun.backends.mlx.gguf import read_metadata
 
     md = read_metadata(str(smollm_path))
     ref = gguf.GGUFReader(str(smollm_path))

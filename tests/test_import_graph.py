@@ -1,6 +1,6 @@
 """The package's import graph: no import circle, and no arrow from a lower layer up to a higher one.
 
-Layers, bottom to top (README "How the code is laid out"):
+Layers, bottom to top (docs/architecture.md §6):
 
 0. foundation: ``errors``, ``units``, ``config``, ``render`` — import nothing above them;
 1. model, machine, store and planner: ``model/`` (GGUF reader, catalog, chat templates), ``machine/``
@@ -13,7 +13,7 @@ Layers, bottom to top (README "How the code is laid out"):
 
 Run ``python tests/test_import_graph.py`` to print the graph (modules per layer, the arrows that point up).
 Only ``localrun`` modules count; an import inside a function (the lazy imports that keep ``--help`` fast)
-is an arrow too, but only top-level imports can form an import circle.
+is an arrow too, and counts for import circles as well (``test_no_import_circle_counting_lazy_imports``).
 """
 
 from __future__ import annotations
@@ -249,12 +249,12 @@ if __name__ == "__main__":
 
 
 # llama.cpp's model loader, context constructor and default-params constructors: only
-# ``backends/llamacpp_params.py`` calls them, so every model localrun loads (engine, draft model, embedding
+# ``backends/llamacpp/params.py`` calls them, so every model localrun loads (engine, draft model, embedding
 # context, dry run) gets the same placement (AMX off), load mode, threads and offload.
 LLAMA_LOADERS = frozenset({"llama_model_load_from_file", "llama_load_model_from_file", "llama_init_from_model",
                            "llama_new_context_with_model", "llama_model_default_params",
                            "llama_context_default_params", "llama_model_load_from_splits"})
-PARAMS_MODULE = "localrun.backends.llamacpp_params"
+PARAMS_MODULE = "localrun.backends.llamacpp.params"
 
 
 def llama_loader_calls() -> list[str]:
@@ -273,3 +273,114 @@ def llama_loader_calls() -> list[str]:
 def test_every_llama_cpp_load_goes_through_llamacpp_params():
     assert PARAMS_MODULE in modules()
     assert llama_loader_calls() == []
+
+
+# the backend wings (issue 26): ``backends/llamacpp/`` and ``backends/mlx/`` are imported only from inside
+# ``backends/``; everything else goes through the names ``localrun.backends`` exports
+WINGS = ("localrun.backends.llamacpp", "localrun.backends.mlx")
+
+
+def _in(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+def wing_reach_ins() -> list[str]:
+    """``module -> wing module`` for every import (lazy ones and ``TYPE_CHECKING`` ones included) of a wing
+    from outside ``localrun.backends``, and ``module: 'name'`` for a wing's dotted name written in a string
+    there (``importlib.import_module``, a module list): each one a seam around the backends' front door."""
+    _, every = import_graph()
+    found = [f"{a} -> {b}" for a, bs in every.items() if not _in(a, "localrun.backends")
+             for b in sorted(bs) if any(_in(b, w) for w in WINGS)]
+    for mod, tree in trees().items():
+        if _in(mod, "localrun.backends"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and any(w in node.value for w in WINGS):
+                found.append(f"{mod}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_no_module_outside_backends_imports_a_backend_wing():
+    assert wing_reach_ins() == []
+
+
+def test_the_two_wings_do_not_import_each_other():
+    _, every = import_graph()
+    a, b = WINGS
+    crossed = [(m, d) for m, ds in every.items() for d in ds
+               if (_in(m, a) and _in(d, b)) or (_in(m, b) and _in(d, a))]
+    assert crossed == []
+
+
+def test_no_import_circle_counting_lazy_imports():
+    """No circle even counting the imports inside functions (and under ``TYPE_CHECKING``): speculation takes
+    the engine through ``base.SpeculationTarget`` instead of importing the engine class, and the constraint
+    compiler is looked up by ``backends.control`` without ``constrain/`` importing it back."""
+    _, every = import_graph()
+    assert cycles(every) == []
+
+
+def test_importing_the_backends_package_imports_no_backend():
+    """``import localrun.backends`` (what the CLI, the planner and the server import) loads neither wing nor
+    llama_cpp, mlx or numpy: a fresh interpreter."""
+    import subprocess
+
+    code = ("import sys, localrun.backends, localrun.cli\n"
+            "print([m for m in sys.modules if m.split('.')[0] in ('llama_cpp', 'mlx', 'mlx_lm', 'numpy')\n"
+            "       or m.startswith(('localrun.backends.llamacpp', 'localrun.backends.mlx'))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# the wire-format wings (issue 26): each folder under ``server/`` (``openai/``, ``ollama/``, ``anthropic/``, and
+# any later one such as ``responses/``) imports the serving core (``server/*.py``), the backends' public API,
+# dialects and errors; never another wire-format folder, not even inside a function
+SERVER_WINGS_AT_LEAST = ("localrun.server.openai", "localrun.server.ollama", "localrun.server.anthropic")
+
+
+def server_wings() -> list[str]:
+    """Every wire-format folder: a package directly under ``localrun.server``."""
+    return sorted(m for m, path in modules().items()
+                  if path.name == "__init__.py" and m.startswith("localrun.server.") and m.count(".") == 2)
+
+
+def cross_server_wing_imports() -> list[str]:
+    """``module -> module`` for every import (lazy and ``TYPE_CHECKING`` ones included) from one wire-format
+    folder into another, and ``module:line: 'name'`` for another folder's dotted name written in a string
+    (``importlib.import_module``)."""
+    wings = server_wings()
+
+    def wing_of(mod: str) -> str | None:
+        return next((w for w in wings if _in_pkg(mod, w)), None)
+
+    _, every = import_graph()
+    found = [f"{a} -> {b}" for a, bs in every.items() if wing_of(a)
+             for b in sorted(bs) if wing_of(b) not in (None, wing_of(a))]
+    for mod, tree in trees().items():
+        home = wing_of(mod)
+        if home is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found += [f"{mod}:{node.lineno}: {node.value!r}" for w in wings if w != home
+                          and any(w + end in node.value + " " for end in (" ", ".", "'", '"', "`"))]
+    return found
+
+
+def _in_pkg(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+def test_no_wire_format_wing_imports_another():
+    wings = server_wings()
+    assert set(SERVER_WINGS_AT_LEAST) <= set(wings), wings
+    assert cross_server_wing_imports() == []
+
+
+def test_every_registered_wire_format_is_a_wing_folder():
+    """``server/wings.py`` registers wire formats by folder name: each one is a folder under ``server/``."""
+    from localrun.server.wings import WINGS as REGISTERED
+
+    assert {f"localrun.server.{w}" for w in REGISTERED} <= set(server_wings())

@@ -16,7 +16,7 @@ from localrun.offload.kv_tiers import (
     plan_kv_tiers,
     restore_seconds,
 )
-from localrun.offload.plan import plan_for_run
+from localrun.offload.search import plan_for_run
 
 GIB = 1 << 30
 

@@ -19,7 +19,7 @@ from localrun.offload.memory import (
     output_buffer_bytes,
     split_weights,
 )
-from localrun.offload.plan import plan_for_run
+from localrun.offload.search import plan_for_run
 
 KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
                      r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
@@ -114,7 +114,7 @@ def test_llamacpp_refuses_a_quantized_v_cache_without_flash_attention(smollm_pat
     """Why the planner refuses --kv-type q8_0 --no-flash-attn: llama.cpp's llama_init_from_model returns
     NULL for it (it would otherwise have been loaded with flash attention silently on)."""
     from localrun.backends import load_engine
-    from localrun.backends.llamacpp_lib import LlamaLog
+    from localrun.backends.llamacpp.lib import LlamaLog
     from localrun.errors import BackendError
     from localrun.offload.plan import Plan
 
@@ -128,7 +128,7 @@ _RSS = r"""
 import json, sys
 from localrun.backends import load_engine
 from localrun.model.gguf_info import read_gguf
-from localrun.offload.plan import plan_for_run
+from localrun.offload.search import plan_for_run
 path, n_ctx = sys.argv[1], int(sys.argv[2])
 plan = plan_for_run(read_gguf(path), None, n_ctx=n_ctx)
 eng = load_engine(path, plan)

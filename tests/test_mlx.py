@@ -125,7 +125,7 @@ def test_mlx_folder_from_gguf_reloads_with_same_greedy_tokens(smollm_path, mlx_h
     import mlx.core as mx
     import mlx_lm
 
-    from localrun.backends.mlx_gguf import load_gguf, write_mlx_folder
+    from localrun.backends.mlx.gguf import load_gguf, write_mlx_folder
 
     out = write_mlx_folder(str(smollm_path), tmp_path / "smollm-mlx")
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
@@ -149,7 +149,7 @@ def test_mlx_folder_from_gguf_reloads_with_same_greedy_tokens(smollm_path, mlx_h
 def test_engine_loads_mlx_folder(smollm_path, mlx_home, tmp_path):
     from localrun.backends import load_engine
     from localrun.backends.choice import choose_backend
-    from localrun.backends.mlx_gguf import write_mlx_folder
+    from localrun.backends.mlx.gguf import write_mlx_folder
     from localrun.store.resolve import is_mlx_folder
 
     out = write_mlx_folder(str(smollm_path), tmp_path / "m")

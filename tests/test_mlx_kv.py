@@ -1,5 +1,5 @@
 """Prompt-cache tiers on the MLX backend (issue 17, item 1), through mlx[cpu] on SmolLM2: a snapshot of the
-engine's mlx-lm prompt cache in the RAM and disk tiers (``backends/mlx_cache.py`` on ``kv_cache.KVCache``),
+engine's mlx-lm prompt cache in the RAM and disk tiers (``backends/mlx/cache.py`` on ``kv_cache.KVCache``),
 the chat ``/save`` file, and bad files. Every test compares a restored run with a cold one on the same
 engine (token ids), so nothing depends on the CPU's rounding."""
 
@@ -45,7 +45,7 @@ def _cold(eng, prompt):
 
 
 def test_ram_tier_restores_a_prefix_with_cold_output(eng):
-    from localrun.backends.mlx_cache import attach_mlx_kv_cache
+    from localrun.backends.mlx.cache import attach_mlx_kv_cache
 
     first = _chat(eng, "What do farmers sell?")
     other = _chat(eng, "Who runs between the stalls?")  # shares the system prompt only
@@ -68,7 +68,7 @@ def test_ram_tier_restores_a_prefix_with_cold_output(eng):
 def test_disk_tier_survives_a_new_engine(eng, smollm_path, tmp_path, tmp_path_factory):
     from helpers import mlx_smollm_engine
 
-    from localrun.backends.mlx_cache import attach_mlx_kv_cache
+    from localrun.backends.mlx.cache import attach_mlx_kv_cache
 
     prompt = _chat(eng, "What do farmers sell?")
     follow = _chat(eng, "What do farmers sell?", "Apples.", "Anything else?")
@@ -98,7 +98,7 @@ def test_disk_tier_survives_a_new_engine(eng, smollm_path, tmp_path, tmp_path_fa
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
 def test_bad_disk_file_is_ignored_and_deleted(eng, tmp_path, damage):
-    from localrun.backends.mlx_cache import attach_mlx_kv_cache
+    from localrun.backends.mlx.cache import attach_mlx_kv_cache
 
     prompt = _chat(eng, "What do farmers sell?")
     follow = _chat(eng, "What do farmers sell?", "Apples.", "Anything else?")
@@ -122,7 +122,7 @@ def test_bad_disk_file_is_ignored_and_deleted(eng, tmp_path, damage):
         path = other / path.name
     try:
         if damage == "foreign":
-            from localrun.backends.mlx_cache import MlxKVCache
+            from localrun.backends.mlx.cache import MlxKVCache
 
             c2 = MlxKVCache("0123456789abcdef", cache.settings, ram_bytes=1 << 30, disk_dir=path.parent,
                             disk_bytes=1 << 30)
@@ -142,7 +142,7 @@ def test_chat_file_round_trip_and_foreign_file(eng, tmp_path):
     """/save FILE writes FILE.kv; /load restores it into a cleared engine: the next turn prefills only
     itself and writes the cold text. A file of other settings is refused."""
     from localrun.backends.kv_cache import SnapshotFileError, read_snapshot_header, write_snapshot_file
-    from localrun.backends.mlx_cache import load_mlx_file, mlx_identity, mlx_settings, save_mlx_file
+    from localrun.backends.mlx.cache import load_mlx_file, mlx_identity, mlx_settings, save_mlx_file
 
     convo = _chat(eng, "What do farmers sell?")
     eng.reset_cache()

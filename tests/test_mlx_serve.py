@@ -255,7 +255,7 @@ def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
 # ------------------------------------------------------------------ serve an MLX folder
 def test_ollama_routes_describe_an_mlx_folder(smollm_path, tmp_path, isolated_home):
     """An MLX folder has no GGUF header: /api/tags, /api/show and /api/ps describe it from config.json."""
-    from localrun.backends.mlx_gguf import write_mlx_folder
+    from localrun.backends.mlx.gguf import write_mlx_folder
     from localrun.commands.serve import load_for_serving
     from localrun.config import Settings
     from localrun.server.app import create_app

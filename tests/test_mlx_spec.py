@@ -140,7 +140,7 @@ def test_prefix_reuse_across_turns_with_speculation(target):
 
 
 def test_vocabulary_mismatch_is_a_clear_error(target, gemma_path):
-    from localrun.backends.llamacpp_spec import VocabularyMismatchError
+    from localrun.backends.draft_vocab import VocabularyMismatchError
 
     with pytest.raises(VocabularyMismatchError) as e:
         target.set_speculation("draft", 4, str(gemma_path))

@@ -17,7 +17,8 @@ from localrun.offload import devices as D
 from localrun.offload import links as L
 from localrun.offload.choose import Candidate, choose
 from localrun.offload.memory import CUDA_CONTEXT_VRAM_BYTES
-from localrun.offload.plan import evaluate, plan_for_run
+from localrun.offload.plan import evaluate
+from localrun.offload.search import plan_for_run
 
 
 def _spec(name: str, quant: str = "Q4_K_M"):

@@ -16,7 +16,7 @@ from localrun.loading import Prepared
 from localrun.machine.presets import get_preset
 from localrun.model.catalog import get_entry
 from localrun.model.synthetic import spec_from_entry
-from localrun.offload.plan import plan_for_run
+from localrun.offload.search import plan_for_run
 from localrun.server.app import create_app
 from localrun.server.budget import Budget, Need, vram_by_device
 from localrun.server.loader import PlannerLoader, budget_hardware

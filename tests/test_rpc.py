@@ -4,7 +4,7 @@
   SmolLM2 and Gemma-3 (two paths compared; the text itself is not asserted);
 - `fit --rpc` gives each device the weights, KV and compute-buffer bytes llama.cpp reports allocating
   there (its load log), within 2%. Weights and KV are the planner's arithmetic; the compute buffer comes
-  from llama.cpp's own dry run (``backends.llamacpp_dryrun``, ``no_alloc``), since ggml-alloc's graph
+  from llama.cpp's own dry run (``backends.llamacpp.dryrun``, ``no_alloc``), since ggml-alloc's graph
   allocation (12–116 MiB for SmolLM2 on a worker, by flash attention, context and the graph's inputs) has
   no closed form. One exception, measured: on SmolLM2 the dry run's first prefill graph puts the first
   RMS norm of the output device's layers on the device before it, so the output device gets one more
@@ -103,7 +103,7 @@ def _greedy(path, *, hardware=None, n_gpu_layers=None, raw: bool) -> tuple[str, 
 @pytest.mark.model
 @pytest.mark.parametrize("which", ["smollm", "gemma"])
 def test_three_way_split_gives_the_same_greedy_text(which, workers, request):
-    from localrun.backends.rpc import hardware_for
+    from localrun.backends.llamacpp.rpc import hardware_for
 
     path = request.getfixturevalue(f"{which}_path")
     raw = which == "gemma"  # a base model: no chat template
@@ -144,7 +144,7 @@ def allocated_by_device(lines: list[str], endpoints: list[str]) -> dict[str, dic
 def test_fit_rpc_bytes_match_what_llama_cpp_allocates_per_device(workers, which, request):
     from helpers import localrun_inprocess
 
-    from localrun.backends.rpc import hardware_for
+    from localrun.backends.llamacpp.rpc import hardware_for
     from localrun.loading import load_model
 
     smollm_path = request.getfixturevalue(f"{which}_path")
@@ -345,7 +345,7 @@ def test_front_turns_its_runner_dying_into_errors_and_restarts_it(smollm_path):
 # -------------------------------------------------------------------------------------------------------
 
 def test_endpoints_parse_and_refuse():
-    from localrun.backends.rpc import parse_endpoints
+    from localrun.backends.llamacpp.rpc import parse_endpoints
     from localrun.errors import ConfigError
 
     assert parse_endpoints("127.0.0.1:50052, 10.0.0.2:1,127.0.0.1:50052") == ["127.0.0.1:50052", "10.0.0.2:1"]

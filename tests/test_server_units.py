@@ -63,9 +63,11 @@ def test_template_supports_tools():
 
 
 def test_request_conversion():
-    from localrun.server.convert import messages_from_openai, sampling_from_ollama, sampling_from_openai
     from localrun.server.errors import RequestError
-    from localrun.server.schemas import ChatCompletionRequest, OllamaOptions
+    from localrun.server.ollama.convert import sampling_from_ollama
+    from localrun.server.ollama.schemas import OllamaOptions
+    from localrun.server.openai.convert import messages_from_openai, sampling_from_openai
+    from localrun.server.openai.schemas import ChatCompletionRequest
 
     req = ChatCompletionRequest.model_validate(
         {

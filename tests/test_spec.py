@@ -72,12 +72,12 @@ def test_greedy_identical_alone(target, draft_pair, mode):
 
 
 def test_draft_model_loads_like_the_target_with_amx_placement(draft_pair, monkeypatch):
-    """On a CPU that advertises AMX llama.cpp's AMX matmul dies (``llamacpp_lib.weight_placement``); the draft
+    """On a CPU that advertises AMX llama.cpp's AMX matmul dies (``llamacpp.lib.weight_placement``); the draft
     model used to be loaded with llama.cpp's default params and crashed there. Forced on here (the same code
-    path as a real AMX CPU): the draft's params come from ``llamacpp_params.model_params`` with the plan the
+    path as a real AMX CPU): the draft's params come from ``llamacpp.params.model_params`` with the plan the
     planner derives (``draft_plan``), extra buffer types off, and speculation stays greedy-identical."""
-    from localrun.backends import llamacpp_params
-    from localrun.backends.llamacpp import LlamaCppEngine
+    from localrun.backends.llamacpp import params as llamacpp_params
+    from localrun.backends.llamacpp.engine import LlamaCppEngine
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import add_draft_model, draft_plan, simple_plan
 
@@ -102,8 +102,8 @@ def test_draft_model_loads_like_the_target_with_amx_placement(draft_pair, monkey
         [(spec, last)] = _run(eng, [prompt], [p])
     finally:
         eng.close()
-    assert [str(path) for _, path, _ in seen] == [str(target_path), str(draft_path)]
-    dplan, _, dparams = seen[1]
+    assert [str(path) for _, path, _ in seen] == [str(draft_path)]  # (the engine bound model_params at import)
+    dplan, _, dparams = seen[0]
     assert dplan == draft_plan(plan) and dplan.kv_unified and dplan.n_gpu_layers == 0
     assert dparams.params.use_extra_bufts is False  # llama.cpp's AMX buffer type stays off for the draft too
     assert spec == plain and last.stats.draft_tokens > 0
@@ -255,7 +255,7 @@ def test_draft_model_is_prefilled_with_the_prompt_before_the_first_token(target,
 
 
 def test_vocabulary_mismatch_is_a_clear_error_before_loading(target, gemma_path):
-    from localrun.backends.llamacpp_spec import VocabularyMismatchError
+    from localrun.backends.draft_vocab import VocabularyMismatchError
 
     with pytest.raises(VocabularyMismatchError, match="vocabulary") as e:
         target.set_speculation("draft", 4, str(gemma_path))

@@ -144,7 +144,7 @@ class _Spec:
 
 
 def test_vocabulary_check_names_the_difference():
-    from localrun.backends.llamacpp_spec import VocabularyMismatchError, check_same_vocab
+    from localrun.backends.draft_vocab import VocabularyMismatchError, check_same_vocab
 
     base = [f"t{i}" for i in range(1000)]
     check_same_vocab(_Spec(base), _Spec(list(base)))

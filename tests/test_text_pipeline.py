@@ -89,7 +89,7 @@ def _llama_cpp_dry(engine, history, multiplier, base, allowed, last_n):
     """Penalties llama.cpp's own DRY sampler applies after ``history``: apply it to all-zero logits."""
     import ctypes
 
-    from localrun.backends.llamacpp_sampling import dry_sampler
+    from localrun.backends.llamacpp.sampling import dry_sampler
 
     C = engine.C
     s = dry_sampler(C, engine.vocab, multiplier, base, allowed, last_n)
@@ -111,7 +111,7 @@ def _llama_cpp_dry(engine, history, multiplier, base, allowed, last_n):
 def test_dry_port_gives_llama_cpps_penalties(smollm_engine):
     """The MLX backend's DRY (a Python port) against llama.cpp's sampler, on token histories with
     repeats, sequence breakers and a window shorter than the history."""
-    from localrun.backends.llamacpp_sampling import DRY_SEQUENCE_BREAKERS
+    from localrun.backends.llamacpp.sampling import DRY_SEQUENCE_BREAKERS
 
     eng = smollm_engine
     breakers = breaker_ids(((t, eng.detokenize([t])) for t in range(eng.n_vocab)), DRY_SEQUENCE_BREAKERS)

@@ -136,7 +136,7 @@ def test_a_worker_behind_its_allow_relay_answers_an_allowed_client():
     import sys
     import time
 
-    from localrun.backends.rpc import worker_devices
+    from localrun.backends.llamacpp.rpc import worker_devices
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,6 +8,10 @@
   ``backends.as_batch_engine`` (``SerialEngine``: one slot, requests one at a time), the only place that
   decides (the shape of Ollama's ``LlamaServer`` interface, which its scheduler is given).
 * ``SingleStreamEngine``: what ``SerialEngine`` needs of the engine it wraps (its one prefix cache).
+* ``SpeculationTarget`` (``BatchSpeculationTarget`` for llama.cpp, ``StreamSpeculationTarget`` for MLX): the
+  narrow part of an engine its speculative decoding reads (``llamacpp/spec.py``, ``mlx/spec.py``), so that
+  speculation takes an engine without importing its class (the engine imports speculation, never the
+  reverse).
 
 Lengths are tokens, times seconds (``time.perf_counter``), rates tokens/second.
 """
@@ -71,7 +75,7 @@ class SamplingParams:
     reason ``loop`` (``backends.text.LoopDetector``). ``chat`` turns on a repeat penalty and ``stop_loops``
     by default; the HTTP API keeps OpenAI's semantics (all off) unless ``serve`` is told otherwise.
 
-    Token control (``backends/control.py``, design13 §2): ``reasoning_budget`` (tokens of thinking, None =
+    Token control (``backends/control.py``, docs/architecture.md §2): ``reasoning_budget`` (tokens of thinking, None =
     unlimited) after which the engine forces the tokens of ``budget_close`` (text; control-token markers
     in it become their tokens; "" = ``think_close``) and the model answers, never writing ``think_close``
     again; ``think_open``/``think_close`` are the block's markers, ``starts_in_thinking`` says the prompt
@@ -186,7 +190,7 @@ class Engine(Protocol):
     n_ctx: int  # context window per sequence, tokens
     spec: ModelSpec | None  # the GGUF header; None for an MLX folder
     add_bos: bool | None  # whether tokenize(add_special=True) starts with BOS (None: the tokenizer decides)
-    kv_cache: Any  # its KV snapshot tiers (backends/kv_cache.py KVCache, mlx_cache.MlxKVCache), None = off
+    kv_cache: Any  # its KV snapshot tiers (backends/kv_cache.py KVCache, mlx.cache.MlxKVCache), None = off
     speculation: Any  # speculative decoding (.totals(): drafted / accepted tokens), None = off
 
     @property
@@ -323,3 +327,55 @@ class SingleStreamEngine(Engine, Protocol):
     def kv_cells_used(self) -> int:
         """Tokens held in the cache."""
         ...
+
+
+class SpeculationTarget(Protocol):
+    """What an engine's speculative decoding reads of the engine it drafts for (``spec_decode.py``'s
+    ``EngineSpeculation`` and each backend's side of it): the plan and the step's token budget."""
+
+    plan: Any  # offload.plan.Plan: n_gpu_layers (a GPU is memory-bound: drafted tokens cost little), …
+    n_ctx: int  # context window per sequence, tokens
+    n_batch: int  # tokens one forward pass takes at most
+
+
+class BatchSpeculationTarget(SpeculationTarget, Protocol):
+    """The llama.cpp side (``llamacpp/spec.py Speculation``): after a verify step's ``llama_decode``, each
+    position's logits row, and the end-of-generation ids (``ignore_eos`` bans them in the sampled rule)."""
+
+    @property
+    def eog_ids(self) -> tuple[int, ...]: ...
+
+    def logits_row(self, idx: int) -> Any:
+        """Logits row ``idx`` of the last decode: float32 ``[n_vocab]``."""
+        ...
+
+
+class StreamSpeculationTarget(SpeculationTarget, Protocol):
+    """The MLX side (``mlx/spec.py``): one sequence fed a few tokens at a time through its prompt cache, and
+    cut back when drafts are rejected; a draft model is another such engine. ``configure_speculation`` sets
+    ``speculation``; a draft model's vocabulary is checked on ``spec`` (GGUF header) and ``tokenizer``."""
+
+    mx: Any  # the mlx.core module
+    cpu_dequantized: bool  # weights dequantized for the CPU (decode is compute-bound there)
+    spec: ModelSpec | None  # the GGUF header; None for an MLX folder
+    tokenizer: Any  # the Hugging Face tokenizer
+    speculation: Any  # mlx.spec.MlxSpeculation, None = off
+
+    @property
+    def prompt_cache(self) -> list | None:
+        """mlx-lm's per-layer caches (None before the first prompt)."""
+        ...
+
+    def feed(self, tokens: Sequence[int], *, rows: int = 1) -> Any:
+        """Run ``tokens`` through the model into the prompt cache → the last ``rows`` logits rows."""
+        ...
+
+    def rewind(self, n_tokens: int) -> bool:
+        """Cut the last ``n_tokens`` off the prompt cache → whether it could."""
+        ...
+
+    def reuse_prefix(self, prompt: list[int]) -> int:
+        """Trim the cache to the longest prefix it shares with ``prompt`` → that length."""
+        ...
+
+    def close(self) -> None: ...

@@ -5,7 +5,7 @@ at module level (``fit`` and ``--help`` stay fast).
 
 * ``--backend mlx|llamacpp`` wins everywhere (an MLX folder cannot go to llama.cpp: ConfigError);
 * on **Apple Silicon** (a unified ``apple`` GPU in the HardwareProfile): MLX for an MLX folder or for a
-  GGUF that MLX reads natively (F16/Q4_0/Q4_1/Q8_0 of an architecture ``mlx_gguf`` converts) — no
+  GGUF that MLX reads natively (F16/Q4_0/Q4_1/Q8_0 of an architecture ``mlx.gguf`` converts) — no
   conversion, and MLX is usually the faster Metal runtime; llama.cpp (Metal) for everything else, K-quants
   above all, which llama.cpp runs as they are while MLX would have to re-quantize them;
 * **elsewhere** llama.cpp (MLX is Apple's framework; ``--backend mlx`` runs it through ``mlx[cpu]``),
@@ -39,7 +39,7 @@ def choose_backend(model_path, spec, hardware, requested: str | None = None) -> 
     ``spec`` is the GGUF's ModelSpec (None for an MLX folder); ``hardware`` a HardwareProfile (None =
     not Apple Silicon); ``requested`` is ``--backend`` (None or "auto" = choose). Raises ConfigError for
     an unknown or impossible request, BackendUnavailableError when MLX is requested but not installed."""
-    from localrun.backends.mlx_gguf import loads_natively
+    from localrun.backends.mlx.gguf import loads_natively
 
     folder = spec is None and model_path is not None and Path(model_path).is_dir()
     req = (requested or "auto").lower()

@@ -25,11 +25,12 @@ Building controls from ``SamplingParams`` (``build_control(engine, params)``, ca
 
 * ``params.reasoning_budget`` or ``params.end_thinking`` is not None → a ``ReasoningBudget`` (below;
   ``end_thinking.is_set()`` spends the budget now: the chat's Ctrl-C while the model thinks);
-* ``params.constraint`` is not None → the function registered with ``register_constraint_compiler``
-  (localrun/constrain/ registers llguidance's): ``compiler(engine, constraint) -> TokenControl``. It reads
+* ``params.constraint`` is not None → the constraint compiler, ``compiler(engine, constraint) -> TokenControl``:
+  llguidance's (``constrain.control.token_control``, imported on the first constrained request; constrain/
+  never imports this module back), or the one ``register_constraint_compiler`` set instead. It reads
   the engine's vocabulary through ``vocab_pieces(engine)`` (bytes of every token id, control tokens'
   text included), ``engine.n_vocab``, ``engine.is_eog``, ``engine.tokenize``. It raises a
-  ``LocalrunError`` subclass for a constraint it cannot enforce. Without a registered compiler a
+  ``LocalrunError`` subclass for a constraint it cannot enforce. With the compiler unset (None) a
   constraint raises BackendUnavailableError (never silently ignored).
 
 Several controls compose with ``ControlSet`` (budget first, then the constraint): ``forced()`` is the
@@ -94,26 +95,35 @@ class ControlSet:
 
 
 ConstraintCompiler = Callable[[object, "Constraint"], TokenControl]
-_compiler: ConstraintCompiler | None = None
+
+
+def compile_with_llguidance(engine, constraint: Constraint) -> TokenControl:
+    """The default constraint compiler: llguidance's token control for ``engine``'s vocabulary
+    (``constrain.control.token_control``; raises ConstraintError, BackendUnavailableError without llguidance)."""
+    from localrun.constrain.control import token_control
+
+    return token_control(constraint, engine)
+
+
+_compiler: ConstraintCompiler | None = compile_with_llguidance
 
 
 def register_constraint_compiler(fn: ConstraintCompiler | None) -> None:
     """Set the function that turns ``SamplingParams.constraint`` into a ``TokenControl`` for an engine:
-    ``fn(engine, constraint) -> TokenControl`` (None unregisters). One for the process; the last call wins."""
+    ``fn(engine, constraint) -> TokenControl`` in place of ``compile_with_llguidance`` (None: constraints
+    raise BackendUnavailableError). One for the process; the last call wins."""
     global _compiler
     _compiler = fn
 
 
 def build_control(engine, params: SamplingParams) -> TokenControl | None:
     """The control for one generation of ``engine`` with ``params``, or None when it needs none.
-    Raises BackendUnavailableError (a constraint and no compiler registered), LocalrunError (a budget
+    Raises BackendUnavailableError (a constraint and the compiler unset), LocalrunError (a budget
     without markers; whatever the constraint compiler raises)."""
     controls: list[TokenControl] = []
     if params.reasoning_budget is not None or params.end_thinking is not None:
         controls.append(ReasoningBudget.for_engine(engine, params))
     if params.constraint is not None:
-        if _compiler is None:
-            import localrun.constrain  # noqa: F401  (registers llguidance's compiler)
         if _compiler is None:
             raise BackendUnavailableError(
                 "constrained decoding is not available in this build (no constraint compiler registered)",
@@ -158,7 +168,7 @@ def tag_ban_masks(engine, tag: bytes) -> list[np.ndarray]:
 
 # ---------------------------------------------------------------------------------------------- budget
 class ReasoningBudget:
-    """The thinking budget (design13 §2): count the tokens generated inside the thinking block; when the
+    """The thinking budget (docs/architecture.md §2): count the tokens generated inside the thinking block; when the
     count reaches ``budget`` tokens, force the tokens of ``close`` (the family's close tag + transition),
     then let the model answer.
 

@@ -14,6 +14,7 @@ import math
 from typing import Iterable, Sequence
 
 FLOAT_MAX_LOG = 88.7228391  # log(FLT_MAX): llama.cpp clamps the exponent with it
+DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp common/common.h dry_sequence_breakers (both backends)
 
 
 def breaker_ids(token_texts: Iterable[tuple[int, str]], breakers: Sequence[str]) -> frozenset[int]:

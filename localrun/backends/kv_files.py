@@ -1,5 +1,5 @@
-"""The KV snapshot file (issue 17): what ``kv_cache.KVCache``'s disk tier and ``localrun chat``'s ``FILE.kv``
-hold, and the identity of the model and KV settings a snapshot belongs to.
+"""The KV snapshot file (docs/architecture.md §4): what ``kv_cache.KVCache``'s disk tier and ``localrun chat``'s
+``FILE.kv`` hold, and the identity of the model and KV settings a snapshot belongs to.
 
 A file is ``MAGIC``, a little-endian u64 header length, a JSON header (model id, settings, the tokens and
 their SHA-256, payload length and SHA-256), then the payload (``llama_state_seq_get_data``'s bytes, or any

@@ -130,12 +130,12 @@ class SerialEngine:
 
     @property
     def kv_cache(self):
-        """The wrapped engine's KV tiers (``mlx_cache.MlxKVCache``), None when off: /metrics reads them."""
+        """The wrapped engine's KV tiers (``mlx.cache.MlxKVCache``), None when off: /metrics reads them."""
         return self.engine.kv_cache
 
     @property
     def speculation(self):
-        """The wrapped engine's speculative decoding (``mlx_spec``), None when off: /metrics reads its totals."""
+        """The wrapped engine's speculative decoding (``mlx.spec``), None when off: /metrics reads its totals."""
         return self.engine.speculation
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:

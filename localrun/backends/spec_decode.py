@@ -10,7 +10,7 @@ Drafters:
 * ``NgramDrafter`` (prompt lookup, Saxena 2023 "prompt lookup decoding"; llama.cpp ``common/ngram-cache``):
   the continuation of the longest recent n-gram (``n_max`` … ``n_min`` tokens) of the sequence's own
   prompt + output that matches its last tokens. Deterministic: it depends on the context only.
-* a draft model (``llamacpp_spec.DraftModel``): a small model with the same vocabulary.
+* a draft model (``llamacpp.spec.DraftModel``): a small model with the same vocabulary.
 
 Acceptance rules (both keep the output distribution the target's own):
 
@@ -98,7 +98,7 @@ class NgramDrafter:
 # ---------------------------------------------------------------------------------------------- sampling rules
 def target_probs(logits: np.ndarray, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
                  min_p: float = 0.0, logit_bias: dict[int, float] | None = None) -> np.ndarray:
-    """The distribution llama.cpp's sampler chain samples from (``llamacpp_sampling.make_sampler``'s
+    """The distribution llama.cpp's sampler chain samples from (``llamacpp.sampling.make_sampler``'s
     order: logit bias, top-k, top-p, min-p, temperature, dist; src/llama-sampler.cpp), as float64
     ``[n_vocab]`` summing to 1. ``logits``: float ``[n_vocab]`` (-inf = banned). top-p and min-p see the
     softmax at temperature 1, as in the chain. ``temperature <= 0``: one-hot on the argmax."""
@@ -327,7 +327,7 @@ def acceptance_rate(draft_tokens: int, accepted_tokens: int) -> float | None:
 
 @dataclass
 class DraftLength:
-    """One engine's per-step draft-length decision (the policy of ``llamacpp_spec.Speculation.plan``, here
+    """One engine's per-step draft-length decision (the policy of ``llamacpp.spec.Speculation.plan``, here
     for every engine): measure a plain step of this many sequences first (the yardstick of every verify
     step), then ``choose_k``; while that says 0 and drafts are on offer, a short verify step (≤ 4 tokens)
     every ``probe_every`` steps, so a cost measured once under load, or a stale acceptance, cannot keep
@@ -356,7 +356,7 @@ class DraftLength:
 
 
 class EngineSpeculation:
-    """What both engines' speculation share (``llamacpp_spec.Speculation``, ``mlx_spec.MlxSpeculation``): the
+    """What both engines' speculation share (``llamacpp.spec.Speculation``, ``mlx.spec.MlxSpeculation``): the
     mode (``auto`` | ``ngram`` | ``draft``), ``draft_max``, the optional draft model (``draft``, with a
     ``path``), the measured step costs (``cost``), the draft-length policy (``policy``) and the engine-wide
     counts (``totals``).

@@ -1,6 +1,6 @@
 """Turn measured speeds into this machine's effective bandwidth and compute (``--calibrate``).
 
-The planner predicts (issue 3, ``localrun/offload/``)::
+The planner predicts (docs/fit.md, ``localrun/offload/``)::
 
     decode s/token  = bytes read per decoded token / effective bandwidth
     prefill s/token = 2 × active params / effective compute

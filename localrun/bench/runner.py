@@ -42,7 +42,7 @@ class BenchOptions:
     spec_mode: str = "auto"  # speculative decoding in-process (llama.cpp): auto | ngram | draft | off
     draft_model: str | None = None
     draft_max: int | None = None
-    rpc: str | None = None  # RPC workers host:port,… for the in-process engine (backends/rpc.py)
+    rpc: str | None = None  # RPC workers host:port,… for the in-process engine (backends/llamacpp/rpc.py)
 
 
 def needed_ctx(w: Workload) -> int:
@@ -60,7 +60,7 @@ def run_bench(w: Workload, opts: BenchOptions, *, on_level_start: Callable | Non
     from localrun.machine.hardware import probe_hardware
 
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    from localrun.backends.rpc import hardware_for
+    from localrun.backends import hardware_for
 
     hw = (hardware_for(opts.rpc) if opts.rpc and not opts.url else None) or probe_hardware()
     engine = plan = spec = None

@@ -271,16 +271,14 @@ class ChatSession:
     def _save_kv(self, path: Path) -> None:
         """The conversation's KV (llama.cpp's slot 0, what chat runs on; MLX's prompt cache) next to the
         messages, so /load and --resume continue without prefilling it (``backends/kv_cache.py``,
-        ``backends/mlx_cache.py``)."""
+        ``backends/mlx/cache.py``)."""
         backend = getattr(self.engine, "backend", None)
         if backend not in ("llamacpp", "mlx"):  # a test's stand-in has none
             return
-        from localrun.backends.kv_cache import save_slot_file
-        from localrun.backends.mlx_cache import save_mlx_file
+        from localrun.backends import save_kv_file
 
         try:
-            wrote = (save_mlx_file(self.engine, path) if backend == "mlx"
-                     else save_slot_file(self.engine, self.engine.slots[0], path))
+            wrote = save_kv_file(self.engine, path)
             if not wrote:
                 path.unlink(missing_ok=True)  # no KV now: an older snapshot must not outlive its messages
         except OSError as e:
@@ -292,13 +290,11 @@ class ChatSession:
         backend = getattr(self.engine, "backend", None)
         if backend not in ("llamacpp", "mlx") or not path.is_file():
             return 0
-        from localrun.backends.kv_cache import SnapshotFileError, load_slot_file
-        from localrun.backends.mlx_cache import load_mlx_file
+        from localrun.backends import load_kv_file
+        from localrun.backends.kv_files import SnapshotFileError
 
         try:
-            if backend == "mlx":
-                return load_mlx_file(self.engine, path)
-            return load_slot_file(self.engine, self.engine.slots[0], path)
+            return load_kv_file(self.engine, path)
         except (SnapshotFileError, OSError) as e:
             self.notices.append(f"ignored the saved KV cache {path.name} ({e}); the next turn prefills the "
                                 "conversation")

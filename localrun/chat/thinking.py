@@ -1,6 +1,6 @@
 """Thinking models in the terminal chat: the session's reasoning control and the per-turn meter.
 
-The control is the one the server uses (``server/reply.py``, design13 §3), reduced to what a person types:
+The control is the one the server uses (``server/reply.py``, docs/architecture.md §3), reduced to what a person types:
 ``think`` (``/think on|off``, ``--think/--no-think``; None = the template's default, which is on) and a
 budget in tokens (``/think budget N``, ``--reasoning-budget N``; None = none). ``turn_setup`` turns them into
 the chat template's kwargs (``dialects.template_kwargs``: Qwen3's ``enable_thinking``) and the engine's

@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
                                 constraint=_constraint(json_schema, regex))
         if params.constraint is not None:  # loop guards would cut or bend structured output
             params.dry_multiplier, params.stop_loops = 0.0, False
-        from localrun.backends.rpc import hardware_for
+        from localrun.backends import hardware_for
 
         hardware = hardware_for(rpc)
         if interactive:

@@ -90,8 +90,8 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
             disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None, cache_ram="auto",
             cache_dir=None, cache_disk="8GiB") -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
-    whose devices join the split (``backends.rpc.hardware_with_workers``; BackendUnavailableError without the
-    RPC build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
+    whose devices join the split (``backends.hardware_with_workers``; BackendUnavailableError without the RPC
+    build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
     ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``)."""
     from localrun.errors import ConfigError
     from localrun.machine.measurements import planner_measurement
@@ -111,7 +111,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         link = {"latency_s": lk.latency_s, "bandwidth_gbps": lk.bandwidth_gbps, "source": lk.source}
     hw = machine(preset=preset, vram=vram, ram=ram, gpu=gpu, disk=disk)
     if rpc:  # each worker's free/total memory, and its link timed (8 MiB each way) unless --rpc-link
-        from localrun.backends.rpc import hardware_with_workers, parse_endpoints
+        from localrun.backends import hardware_with_workers, parse_endpoints
         from localrun.machine.rpc import require_rpc
 
         endpoints = parse_endpoints(rpc)
@@ -143,9 +143,9 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
 
 
 def _measure_compute(model, plan) -> None:
-    """Each device's compute buffer as llama.cpp's dry run reserves it (``backends.llamacpp_dryrun``), in
+    """Each device's compute buffer as llama.cpp's dry run reserves it (``backends.measure_compute``), in
     place of the planner's estimate; a warning when that no longer fits, or when the dry run fails."""
-    from localrun.backends.llamacpp_dryrun import apply_measured_compute, measure_compute
+    from localrun.backends import apply_measured_compute, measure_compute
     from localrun.errors import LocalrunError
     from localrun.offload.plan import split_reason
     from localrun.store.resolve import resolve_model

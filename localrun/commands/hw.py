@@ -63,7 +63,7 @@ def measure_llamacpp_cpu(n_prompt: int = 128, n_decode: int = 32, meter=None) ->
     from localrun.errors import LocalrunError
     from localrun.machine.measurements import LoadMeter, save_measurement
     from localrun.model.gguf_info import read_gguf
-    from localrun.offload.plan import plan_for_run
+    from localrun.offload.search import plan_for_run
     from localrun.store.resolve import default_model_path
 
     path = default_model_path()

@@ -154,6 +154,8 @@ def register(app: typer.Typer) -> None:
         rpc: Optional[str] = typer.Option(None, "--rpc", help="RPC workers host:port,… (`localrun worker`, "
             "llama.cpp rpc-server) to split the model over, planned per device; the model then runs in a runner "
             "process this one restarts if a worker goes away (503 meanwhile)."),
+        responses_db: Optional[Path] = typer.Option(None, "--responses-db",
+            help="SQLite file of the stored Responses API responses (default: responses.db in localrun's home)."),
         rpc_runner: bool = typer.Option(False, "--rpc-runner", hidden=True,
             help="Internal: this process is serve --rpc's runner."),
     ) -> None:
@@ -194,7 +196,7 @@ def register(app: typer.Typer) -> None:
             from localrun.commands.serve_rpc import serve_with_runner
 
             return serve_with_runner(click_ctx, settings, rpc, log_level=log_level)
-        from localrun.backends.rpc import hardware_for
+        from localrun.backends import hardware_for
 
         run_server(settings, models=list(model or []), residency=residency, kv_tiers=kv_tiers, parallel=parallel,
                    ctx=ctx,
@@ -206,7 +208,7 @@ def register(app: typer.Typer) -> None:
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
                    stop_loops=stop_loops, reasoning_budget=reasoning_budget,
                    hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers,
-                   speculation=speculation)
+                   speculation=speculation, responses_db=responses_db)
 
 
 def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str | None,
@@ -301,7 +303,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
                kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None,
-               speculation=None) -> None:
+               speculation=None, responses_db: Path | None = None) -> None:
     """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers);
     ``n_gpu_layers``: layer slots on the GPUs / RPC workers (None: the plan's); ``speculation``: a
     ``server.spec_options.SpecOptions`` (--spec/--draft-model/--draft-max; None: off)."""
@@ -319,6 +321,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     options.parse_special_in_prompt = parse_special_in_prompt
     options.stop_loops = stop_loops
     options.reasoning_budget = reasoning_budget
+    options.responses_db = responses_db
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
                         flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, hardware=hardware,

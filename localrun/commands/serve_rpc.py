@@ -42,7 +42,7 @@ def runner_args(ctx, drop: set[str] = FRONT_ONLY) -> list[str]:
 def serve_with_runner(ctx, settings, rpc: str, *, log_level: str = "info") -> None:
     """The front: check the workers answer, start the runner, relay (``server.runner.run_front``). Exits
     with the runner's status when it fails to start (its error printed by itself). Raises ConfigError."""
-    from localrun.backends.rpc import check_reachable, parse_endpoints, split_endpoint
+    from localrun.backends import check_reachable, parse_endpoints, split_endpoint
     from localrun.render import stderr
     from localrun.server.runner import run_front
 

@@ -11,23 +11,15 @@ token, on both engines.
 * ``tools``: ``tool_call_constraint``: force a parseable tool call in a template family's syntax
   (``tool_choice: required`` / a named function).
 
-Importing this package registers its compiler with ``backends.control`` (``build_control`` imports it
-when a request carries a constraint). llguidance is imported inside the functions that need it (a
-compiled extension).
+``backends.control.build_control`` compiles a request's constraint with ``control.token_control``
+(importing it on the first constrained request); nothing here imports ``backends.control`` back.
+llguidance is imported inside the functions that need it (a compiled extension).
 """
 
-from localrun.backends.control import register_constraint_compiler
 from localrun.constrain.control import GrammarControl, token_control
 from localrun.constrain.grammar import JSON_OPTIONS, check, compile_grammar, gbnf_to_lark
 from localrun.constrain.tools import tool_call_constraint
 from localrun.constrain.vocab import tokenizer_for
-
-
-def _compile(engine, constraint):
-    return token_control(constraint, engine)
-
-
-register_constraint_compiler(_compile)  # backends/control.build_control compiles constraints with llguidance
 
 __all__ = ["GrammarControl", "JSON_OPTIONS", "check", "compile_grammar", "gbnf_to_lark", "token_control",
            "tokenizer_for", "tool_call_constraint"]

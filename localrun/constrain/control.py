@@ -6,7 +6,7 @@ the engine sets the others' logits to -inf before its sampler chain), then ``acc
 ``complete()`` is true when the grammar allows nothing but end of generation: the engine finishes
 with ``stop`` (JSON mode ends right after the value).
 
-Speed (issue 14 §5): ``accept`` starts the next mask in a worker thread (llguidance releases the GIL),
+Speed (docs/architecture.md §2): ``accept`` starts the next mask in a worker thread (llguidance releases the GIL),
 so it is computed while the engine runs the forward pass for the token just accepted; ``mask()`` then
 waits only for what is left. A constraint's matcher is built once per (tokenizer, grammar) and
 deep-copied per generation.

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localrun.offload.plan import Plan, plan_model
+from localrun.offload.plan import Plan
+from localrun.offload.search import plan_model
 
 KLD = {"F32": 0.0, "F16": 0.0, "BF16": 0.0, "Q8_0": 0.001, "Q6_K": 0.004, "Q5_K_M": 0.008, "Q5_1": 0.010,
        "Q5_K_S": 0.011, "Q5_0": 0.015, "Q4_K_M": 0.025, "IQ4_XS": 0.035, "IQ4_NL": 0.035, "Q4_K_S": 0.040,

@@ -1,5 +1,5 @@
-"""The KV-cache tiers a plan gets (issue 17): the RAM and disk budgets of sequence snapshots, and how long a
-snapshot takes to restore from each tier. Pure: no I/O, no backend imports (`localrun fit` shows it;
+"""The KV-cache tiers a plan gets (docs/architecture.md §4): the RAM and disk budgets of sequence snapshots, and
+how long a snapshot takes to restore from each tier. Pure: no I/O, no backend imports (`localrun fit` shows it;
 ``backends/kv_cache.py`` keeps the tiers at run time).
 
 A snapshot is one sequence's KV as ``llama_state_seq_get_data`` copies it (src/llama-kv-cache.cpp

@@ -278,7 +278,7 @@ def model_host_overhead_bytes(spec: ModelSpec) -> int:
 # MLX (mlx-lm): weights as MLX stores them, its KV cache, a compute margin
 # ------------------------------------------------------------------------------------------------
 
-MLX_GROUP_SIZE = 32  # MLX affine quantization group (localrun's GGUF conversion, backends/mlx_gguf.py)
+MLX_GROUP_SIZE = 32  # MLX affine quantization group (localrun's GGUF conversion, backends/mlx/gguf.py)
 # bits of MLX affine quantization a ggml type becomes (natively for Q4_0/Q4_1/Q8_0, re-quantized otherwise)
 MLX_BITS = {"Q2_K": 2, "Q3_K": 3, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
             "Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "IQ2_XXS": 2, "IQ2_XS": 2, "IQ2_S": 2,

@@ -1,6 +1,13 @@
-"""``localrun serve``: an OpenAI- and Ollama-compatible HTTP API with continuous batching and prefix caching.
+"""``localrun serve``: an OpenAI-, Ollama- and Anthropic-compatible HTTP API with continuous batching and
+prefix caching.
 
-``create_app(engine, settings, options)`` (app.py) builds the app; ``scheduler.py`` is the batching loop;
-``schemas.py`` the request bodies; ``convert.py`` the pure converters; ``metrics.py`` Prometheus metrics.
+The serving core is this folder's modules: ``create_app(engine, settings, options)`` (app.py) builds the app;
+``models.py`` the registry of resident models (``residency.py`` decides what fits and what is evicted),
+``loader.py`` plans and loads them; ``runtime.py`` one model's state, ``scheduler.py`` its batching loop,
+``reply.py`` a reply's events; ``wire.py`` what the wire formats share (request-body base, chat message
+shapes, converters); ``errors.py`` errors → HTTP status; ``metrics.py`` Prometheus metrics.
+
+Each wire format is a wing, a folder: ``openai/``, ``ollama/``, ``anthropic/`` (routes, schemas, convert),
+registered by one line in ``wings.py``. A wing imports the core, never another wing.
 Import the submodules directly (this package imports nothing heavy).
 """

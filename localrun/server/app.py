@@ -12,8 +12,12 @@ Around every route:
   ``log_prompts``), and the ``localrun_requests_total`` counter;
 * exception handlers: a ``LocalrunError`` → status by type (``errors.error_info``), a pydantic
   ``ValidationError`` → 400 naming the field and quoting the value, anything else → 500; the server keeps
-  serving. Bodies are OpenAI's ``{"error": {...}}``, Ollama's ``{"error": "..."}`` under ``/api/``, or
-  Anthropic's ``{"type": "error", "error": {...}}`` under ``/v1/messages`` (a full queue: 529 overloaded_error).
+  serving. Bodies take the shape of the path's wire format (``wings.error_response``): OpenAI's
+  ``{"error": {...}}``, Ollama's ``{"error": "..."}`` under ``/api/``, or Anthropic's
+  ``{"type": "error", "error": {...}}`` under ``/v1/messages`` (a full queue: 529 overloaded_error).
+
+The routes are the wire formats' wings (``server/openai/``, ``server/ollama/``, ``server/anthropic/``), each
+added by its ``register`` (``wings.register_all``: one line per wing in ``wings.WINGS``).
 
 ``GET /`` (and ``HEAD /``) answers ``Ollama is running`` as Ollama's root does, so clients that probe it
 connect. ``serve_forever`` runs the app under uvicorn and, on SIGINT/SIGTERM, ends every running
@@ -30,19 +34,17 @@ from contextlib import asynccontextmanager
 
 from localrun.backends.base import Engine
 from localrun.errors import LocalrunError
-from localrun.server.anthropic_convert import error_response, is_anthropic_path
 from localrun.server.errors import QueueFullError, error_body, error_info
 from localrun.server.metrics import ServerMetrics
 from localrun.server.models import LEASES, ModelRegistry
 from localrun.server.runtime import ClientGone, ServeOptions
+from localrun.server.wings import endpoints, error_response, register_all
 
 log = logging.getLogger("localrun.server")
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "function-after", "function-before"}
 _OPEN_PATHS = {"/", "/health"}  # answered without the API key (probes)
-_KNOWN_PATHS = {"/", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/api/chat",
-                "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/api/embed", "/api/embeddings",
-                "/health", "/metrics", "/v1/messages", "/v1/messages/count_tokens"}
+_CORE_PATHS = frozenset({"/", "/health", "/metrics"})  # counted by name, with each wing's ENDPOINTS
 
 
 def create_app(engine: Engine | None, settings, options: ServeOptions | None = None, *, embedder_factory=None,
@@ -59,8 +61,6 @@ def create_app(engine: Engine | None, settings, options: ServeOptions | None = N
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response
-
-    from localrun.server import anthropic_api, ollama_api, openai_api
 
     options = options or ServeOptions(api_key=settings.api_key)
     if registry is None:
@@ -89,10 +89,7 @@ def create_app(engine: Engine | None, settings, options: ServeOptions | None = N
     app.state.localrun = reg.default_state
 
     def _err(request, status: int, body: dict, headers: dict | None = None, *, overloaded: bool = False):
-        if request.url.path.startswith("/api/"):
-            body = {"error": body["error"]["message"]}
-        elif is_anthropic_path(request.url.path):
-            status, body = error_response(status, body["error"]["message"], overloaded=overloaded)
+        status, body = error_response(request.url.path, status, body, overloaded=overloaded)
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(LocalrunError)
@@ -147,9 +144,7 @@ def create_app(engine: Engine | None, settings, options: ServeOptions | None = N
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    openai_api.register(app, reg)
-    ollama_api.register(app, reg)
-    anthropic_api.register(app, reg)
+    register_all(app, reg)  # every wire format's routes (server/wings.py WINGS)
 
     if options.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
@@ -202,6 +197,7 @@ class _Gate:
     def __init__(self, app, registry: ModelRegistry) -> None:
         self.app = app
         self.reg = registry
+        self.known_paths = _CORE_PATHS | endpoints()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -239,7 +235,7 @@ class _Gate:
             self._log(scope, method, path, 499, time.perf_counter() - t0)
 
     def _log(self, scope, method: str, path: str, status: int, dt_s: float) -> None:
-        endpoint = path if path in _KNOWN_PATHS else "other"
+        endpoint = path if path in self.known_paths else "other"
         leases = scope.get(LEASES) or []
         model = leases[-1].resident.model_id if leases else ""
         self.reg.metrics.requests.labels(endpoint, str(status), model).inc()
@@ -279,11 +275,7 @@ def _authorized(scope, key: str) -> bool:
 
 def _unauthorized_body(path: str) -> dict:
     msg = "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-    if path.startswith("/api/"):
-        return {"error": msg}
-    if is_anthropic_path(path):
-        return error_response(401, msg)[1]
-    return error_body(msg, code="invalid_api_key")
+    return error_response(path, 401, error_body(msg, code="invalid_api_key"))[1]
 
 
 async def _send_json(send, status: int, body: dict, headers: list | None = None) -> None:

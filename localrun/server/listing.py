@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from localrun.server.models import ModelRegistry, Resident, path_key
+from localrun.server.models import ModelRegistry
+from localrun.server.residency import Resident, path_key
 
 
 @dataclass

@@ -11,20 +11,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from localrun.server.budget import Budget, Need, vram_by_device
-from localrun.server.models import Planned, path_key
+from localrun.server.residency import Planned, path_key
 
 log = logging.getLogger("localrun.server")
 
 
 # imported lazily by a model's first request: plan_load / load_planned (the planner, the backend choice, the
 # GGUF reader, templates, speculation), the KV-cache tiers, then the first generation (sampler, constraints)
-LOAD_PATH_MODULES = ("localrun.loading", "localrun.backends", "localrun.backends.choice", "localrun.backends.mlx_gguf",
+LOAD_PATH_MODULES = ("localrun.loading", "localrun.backends", "localrun.backends.choice",
                      "localrun.model.gguf_info", "localrun.model.chat_template", "localrun.machine.measurements",
-                     "localrun.offload.plan", "localrun.offload.devices", "localrun.offload.memory",
-                     "localrun.offload.speed", "localrun.store.resolve", "localrun.backends.spec_decode",
-                     "localrun.offload.kv_tiers", "localrun.constrain", "concurrent.futures.thread")
-LLAMACPP_MODULES = ("localrun.backends.llamacpp", "localrun.backends.llamacpp_embed", "localrun.backends.llamacpp_spec",
-                    "localrun.backends.llamacpp_sampling", "localrun.backends.kv_cache", "localrun.backends.kv_files")
+                     "localrun.offload.plan", "localrun.offload.search", "localrun.offload.devices",
+                     "localrun.offload.memory", "localrun.offload.speed", "localrun.store.resolve",
+                     "localrun.backends.spec_decode", "localrun.offload.kv_tiers", "localrun.constrain",
+                     "concurrent.futures.thread")
 
 
 class PlannerLoader:
@@ -47,16 +46,17 @@ class PlannerLoader:
         self.n_threads = n_threads
         self.force = force
         self.templates: dict[str, str] = {}  # path_key → --chat-template (by name or file)
-        self.kv_tiers: dict | None = None  # --cache-ram/--cache-dir/--cache-disk: kv_cache.attach_kv_cache keywords
+        self.kv_tiers: dict | None = None  # --cache-ram/--cache-dir/--cache-disk: backends.attach_kv_tiers keywords
         self.speculation = None  # serve --spec/--draft-model/--draft-max: server.spec_options.SpecOptions
 
     def warm_up(self) -> float:
         """Do the load path's one-time, model-independent work now (``localrun serve`` calls it at start-up),
         so that a model's first request pays only for that model: the modules the planner and the backend
-        import lazily (``LOAD_PATH_MODULES``, ``LLAMACPP_MODULES``), llama.cpp's library with its backends
-        initialised, and Jinja's sandbox. Without it a first request imported the KV-cache tiers, speculation,
-        the sampler and the constraint modules on its clock (~0.13 s on a loaded 2-core CPU without .pyc
-        files; in a registry built without `serve`'s start-up, llama_cpp, numpy and jinja2 too: 0.3–0.6 s).
+        import lazily (``LOAD_PATH_MODULES``, then ``backends.warm_up``: the backend's own modules and
+        llama.cpp's library with its backends initialised), and Jinja's sandbox. Without it a first request
+        imported the KV-cache tiers, speculation, the sampler and the constraint modules on its clock (~0.13 s
+        on a loaded 2-core CPU without .pyc files; in a registry built without `serve`'s start-up, llama_cpp,
+        numpy and jinja2 too: 0.3–0.6 s).
         → the seconds spent. Raises nothing (a missing backend is reported by the load that needs it)."""
         import time
 
@@ -64,13 +64,9 @@ class PlannerLoader:
         try:
             for name in LOAD_PATH_MODULES:
                 importlib.import_module(name)
-            if self.backend in ("llamacpp", "auto"):
-                from localrun.backends.llamacpp_lib import import_llama
+            from localrun.backends import warm_up
 
-                for name in LLAMACPP_MODULES:
-                    importlib.import_module(name)
-                _, C = import_llama()
-                C.llama_backend_init()
+            warm_up(self.backend)
             from localrun.model.chat_template import ChatTemplate
 
             ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", bos_token="", eos_token="")
@@ -130,14 +126,10 @@ class PlannerLoader:
         from localrun.loading import load_planned
 
         engine = load_planned(planned.prepared).engine
-        if self.kv_tiers and engine.backend == "llamacpp":
-            from localrun.backends.kv_cache import attach_kv_cache
+        if self.kv_tiers and engine.backend in ("llamacpp", "mlx"):  # MLX: mlx-lm's prompt cache, same tiers
+            from localrun.backends import attach_kv_tiers
 
-            attach_kv_cache(engine, **self.kv_tiers)
-        elif self.kv_tiers and engine.backend == "mlx":  # mlx-lm's prompt cache in the same RAM/disk tiers
-            from localrun.backends.mlx_cache import attach_mlx_kv_cache
-
-            attach_mlx_kv_cache(engine, **self.kv_tiers)
+            attach_kv_tiers(engine, **self.kv_tiers)
         return engine
 
 

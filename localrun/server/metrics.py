@@ -10,7 +10,7 @@ histograms, ``_bytes`` gauges.
 Per model: requests, tokens, TTFT / inter-token latency, queue depth, active sequences, KV cells, prefix cache;
 KV-cache tiers (``backends/kv_cache.py``, read at scrape time): snapshot hits per tier (``ram``, ``disk``),
 misses, bytes held per tier, restore seconds, corrupt files dropped;
-speculative decoding (``backends/llamacpp_spec.py``, read at scrape time from the engine's totals since it
+speculative decoding (``backends/llamacpp/spec.py``, read at scrape time from the engine's totals since it
 loaded): drafted tokens and accepted tokens (counters), verify steps;
 residency: loads, unloads (by reason), evictions, load (cold start) seconds, resident bytes per tier
 (``vram``, ``ram``: the planner's numbers for the loaded plan).

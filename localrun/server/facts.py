@@ -1,0 +1,54 @@
+"""What the server shows of a model that has no GGUF header: an MLX folder (``FolderFacts``, read from its
+``config.json``), in the fields a GGUF ``ModelSpec`` has (``ServerState.spec``, Ollama's ``/api/show``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class FolderFacts:
+    """What the Ollama routes show of a model that has no GGUF header: an MLX folder (config.json +
+    *.safetensors, the mlx-community layout). Sizes in bytes, lengths in tokens; 0 where unknown."""
+
+    arch: str = "unknown"
+    name: str = ""
+    n_params: int = 0
+    file_type: str = ""
+    file_bytes: int = 0
+    n_ctx_train: int = 0
+    n_layer: int = 0
+    n_embd: int = 0
+    n_head: int = 0
+    n_head_kv: int = 0
+    format: str = "mlx"
+
+
+def folder_facts(path: str) -> FolderFacts:
+    """``FolderFacts`` from an MLX folder's config.json (Hugging Face config names); never raises."""
+    p = Path(path)
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    if not isinstance(cfg, dict):
+        cfg = {}
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    q = cfg.get("quantization") or cfg.get("quantization_config") or {}
+    bits = q.get("bits") if isinstance(q, dict) else None
+    try:
+        size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+    except OSError:
+        size = 0
+
+    def num(key: str) -> int:
+        v = text.get(key, cfg.get(key))
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    return FolderFacts(arch=str(text.get("model_type") or cfg.get("model_type") or "unknown"), name=p.name,
+                       file_type=f"{bits}-bit" if bits else str(cfg.get("torch_dtype") or ""), file_bytes=size,
+                       n_ctx_train=num("max_position_embeddings"), n_layer=num("num_hidden_layers"),
+                       n_embd=num("hidden_size"), n_head=num("num_attention_heads"),
+                       n_head_kv=num("num_key_value_heads") or num("num_attention_heads"))

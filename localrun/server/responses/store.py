@@ -1,0 +1,89 @@
+"""The stored responses: one SQLite file (the standard library's ``sqlite3``), by default
+``<localrun home>/responses.db`` (``serve --responses-db``), kept across restarts.
+
+A row holds a response as the client saw it (``response``), this request's input items (``input``), and
+the conversation before them (``context``: the items of every earlier turn, their outputs included), so a
+continuation (``previous_response_id``) needs one read. ``owner`` is a SHA-256 of the API key the client
+sent: when the server requires keys, a response is only ever found by the key that created it (another
+key gets a 404, as for a response that does not exist).
+
+Retention: responses older than ``max_age_s`` (30 days, as OpenAI keeps them) and all but the newest
+``max_rows`` are deleted when a response is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    model TEXT NOT NULL,
+    previous_id TEXT,
+    context TEXT NOT NULL,
+    input TEXT NOT NULL,
+    response TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at);
+"""
+
+
+def owner_of(api_key: str | None) -> str:
+    """The ``owner`` column for a client's API key (None: no key sent)."""
+    return hashlib.sha256((api_key or "").encode()).hexdigest()
+
+
+class ResponseStore:
+    """Stored responses in the SQLite file ``path``. ``scoped``: the server requires API keys, so each
+    response is visible to its own key only. Thread-safe (one connection behind a lock); each call is one
+    short transaction."""
+
+    def __init__(self, path: Path, *, scoped: bool, max_rows: int = 10_000, max_age_s: float = 30 * 86400) -> None:
+        self.path = Path(path)
+        self.scoped = scoped
+        self.max_rows = max_rows
+        self.max_age_s = max_age_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def put(self, response: dict, *, owner: str, context: list[dict], input_items: list[dict]) -> None:
+        """Store ``response`` (its ``id``, ``model``, ``previous_response_id``), then apply the retention."""
+        row = (response["id"], owner, time.time(), response.get("model") or "", response.get("previous_response_id"),
+               json.dumps(context), json.dumps(input_items), json.dumps(response))
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self._db.execute("DELETE FROM responses WHERE created_at < ?", (time.time() - self.max_age_s,))
+            self._db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created_at "
+                             "DESC LIMIT ?)", (self.max_rows,))
+
+    def get(self, rid: str, owner: str) -> dict | None:
+        """``{"response", "context", "input"}`` of ``rid`` as ``owner`` may see it; None when not found."""
+        with self._lock:
+            r = self._db.execute("SELECT owner, response, context, input FROM responses WHERE id = ?",
+                                 (rid,)).fetchone()
+        if r is None or (self.scoped and r[0] != owner):
+            return None
+        return {"response": json.loads(r[1]), "context": json.loads(r[2]), "input": json.loads(r[3])}
+
+    def delete(self, rid: str, owner: str) -> bool:
+        """Delete ``rid`` (if ``owner`` may see it). → whether it was there."""
+        with self._lock:
+            if self.scoped:
+                cur = self._db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (rid, owner))
+            else:
+                cur = self._db.execute("DELETE FROM responses WHERE id = ?", (rid,))
+        return cur.rowcount > 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,198 @@
+"""What every wire format shares (the serving core's part of the wings ``openai/``, ``ollama/``, ``anthropic/``).
+
+* ``WireModel``: the base of every request body. Unknown fields are ignored (clients send many we do not
+  use, e.g. ``user``, ``store``, ``keep_alive``), but ``unknown_fields`` finds them so the server can log a
+  warning (a misspelt ``temprature``; a field a body model's ``field_advice`` knows belongs elsewhere,
+  such as Ollama's ``temperature`` outside ``options``). Fields listed in a model's ``_ignored`` are known
+  and deliberately unused (logged at debug only). Integers that reach llama.cpp's C ``int`` parameters are
+  bounded to ``INT32_MAX``. Validation failures become a 400 naming the offending field (``app.py``).
+* The chat message and tool shapes OpenAI defined, which Ollama's ``/api/chat`` takes as they are
+  (``ChatMessageIn``, ``TextPart``, ``ToolDef``, ``FunctionDef``).
+* The converters more than one wing uses: a message → the chat template's dict (``message_dict``), the
+  sampling fields OpenAI's and Ollama's bodies share (``SAMPLING_FIELDS``, ``set_sampling_fields``),
+  localrun's finish reasons on the wire (``finish_reason``) and the speculative-decoding totals
+  (``speculative_usage``).
+
+Sources: OpenAI API reference (``chat/completions``), Ollama ``docs/api.md`` and ``api/types.go``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from typing import Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from localrun.backends.base import SamplingParams, Stats
+
+INT32_MAX = 2**31 - 1  # llama.cpp's sampler parameters (top_k, penalty_last_n) are C ints
+
+
+class WireModel(BaseModel):
+    """The base of every request body: unknown fields are ignored (and logged once per client by
+    ``ServerState.parse``); ``_ignored`` lists known fields localrun accepts without using them."""
+
+    model_config = ConfigDict(extra="ignore")
+    _ignored: ClassVar[frozenset[str]] = frozenset()  # known fields localrun accepts and does not use
+
+    @classmethod
+    def field_advice(cls, key: str) -> str | None:
+        """What an unknown field ``key`` of this body probably meant, when the body knows better than a
+        spelling match (e.g. a field that belongs under ``options``); None: no advice of its own."""
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- chat messages
+class TextPart(WireModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(WireModel):
+    """One message. ``developer`` is OpenAI's newer name for ``system``; content may be a string or a list
+    of text parts (images are not supported by the text-only backends)."""
+
+    _ignored = frozenset({"refusal", "annotations", "audio", "function_call", "thinking"})
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    # an earlier turn's thinking (llama-server's name; ``reasoning`` is Ollama's OpenAI route's)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v):
+        """List content → ``TextPart``s; an image/audio/file part is refused by name (text-only models)."""
+        if not isinstance(v, list):
+            return v
+        parts = []
+        for part in v:
+            kind = part.get("type")
+            if kind != "text":
+                raise ValueError(f"content parts of type {kind!r} are not supported: localrun serves text-only "
+                                 "models (send text, or parts of type 'text')")
+            parts.append(TextPart.model_validate(part))
+        return parts
+
+
+class FunctionDef(WireModel):
+    _ignored = frozenset({"strict"})
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(WireModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+def content_text(content) -> str:
+    """A message's ``content`` (a string, ``TextPart``s, or None) → its text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content)
+
+
+def message_dict(m) -> dict:
+    """A ``ChatMessageIn`` (or a subclass) → the chat template's message dict: role (``developer`` →
+    ``system``), content (text parts joined; null → ""), and where present name, tool_calls (arguments as
+    sent), tool_call_id and reasoning_content (an earlier turn's thinking: ``reasoning_content``,
+    ``reasoning`` or ``thinking``)."""
+    d: dict = {"role": "system" if m.role == "developer" else m.role, "content": content_text(m.content)}
+    if m.name:
+        d["name"] = m.name
+    if m.tool_calls:
+        d["tool_calls"] = m.tool_calls
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    thinking = m.reasoning_content or m.reasoning or getattr(m, "thinking", None)
+    if thinking:
+        d["reasoning_content"] = thinking
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+# the sampling fields OpenAI's bodies and Ollama's ``options`` share, by ``SamplingParams``' names
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                   "repeat_penalty", "repeat_last_n", "dry_multiplier", "dry_base", "dry_allowed_length",
+                   "dry_penalty_last_n", "stop_loops")
+
+
+def set_sampling_fields(p: SamplingParams, source) -> SamplingParams:
+    """Copy every ``SAMPLING_FIELDS`` field ``source`` sets (not None) onto ``p``; the others keep ``p``'s
+    values (llama.cpp's defaults: no DRY, no repeat penalty). Returns ``p``."""
+    for f in SAMPLING_FIELDS:
+        v = getattr(source, f)
+        if v is not None:
+            setattr(p, f, v)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- replies
+def finish_reason(reason: str | None) -> str | None:
+    """localrun's finish reasons on OpenAI's and Ollama's wire: a cancelled or loop-stopped generation is
+    "stop" (the loop shows in the log and in /metrics' finish_reason label)."""
+    return "stop" if reason in ("cancelled", "loop") else reason
+
+
+def speculative_usage(s: Stats) -> dict:
+    """localrun's extension to a reply's usage: speculative decoding's drafted / accepted tokens."""
+    return {"draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate}
+
+
+# ---------------------------------------------------------------------------------------------- unknown fields
+def unknown_fields(model: type[BaseModel], data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Fields of the JSON object ``data`` that ``model`` neither reads nor lists in ``_ignored`` →
+    ``[(path, advice)]``; nested objects and lists of objects are searched (paths like
+    ``options.temprature``, ``messages[].contnet``). ``advice`` says what was probably meant."""
+    if not isinstance(data, dict):
+        return []
+    fields = model.model_fields
+    names = {n for n in fields} | {f.alias for f in fields.values() if f.alias}
+    out = []
+    for key, value in data.items():
+        key = str(key)
+        if key not in names:
+            if key not in model._ignored:
+                out.append((prefix + key, _advice(model, key, names)))
+            continue
+        sub, many = _nested_model(fields[key].annotation) if key in fields else (None, False)
+        if sub is None:
+            continue
+        if many and isinstance(value, list):
+            for item in value:
+                out.extend(unknown_fields(sub, item, f"{prefix}{key}[]."))
+        elif not many:
+            out.extend(unknown_fields(sub, value, f"{prefix}{key}."))
+    return list(dict.fromkeys(out))
+
+
+def _advice(model: type[BaseModel], key: str, names: set[str]) -> str:
+    own = model.field_advice(key) if issubclass(model, WireModel) else None
+    if own:
+        return own
+    close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.75)
+    return f"did you mean {close[0]!r}?" if close else "not a field localrun knows"
+
+
+def _nested_model(annotation) -> tuple[type[BaseModel] | None, bool]:
+    """The BaseModel inside ``annotation`` (``X | None``, ``list[X]``) → (model, is a list)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and args:
+        sub, _ = _nested_model(args[0])
+        return sub, sub is not None
+    for a in args:
+        sub, many = _nested_model(a)
+        if sub is not None:
+            return sub, many
+    return None, False
