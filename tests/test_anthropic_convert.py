@@ -119,9 +119,21 @@ def test_sampling_takes_anthropic_defaults_and_fields():
     assert (c.kind, c.source, c.param) == ("json_schema", schema, "output_config.format.schema")
 
 
+def test_system_turns_inside_messages_stay_in_order():
+    """Claude Code sends system turns inside ``messages`` (with its per-turn ``output_config``): each becomes a
+    system message where it stands; the chat template places or merges it (tests/test_templates.py)."""
+    r = req(system="Top.", messages=[{"role": "user", "content": "hi"},
+                                     {"role": "system", "content": [{"type": "text", "text": "Reminder."}],
+                                      "output_config": {"effort": "low"}},
+                                     {"role": "user", "content": "again"}])
+    assert ac.history_from_anthropic(r) == [{"role": "system", "content": "Top."}, {"role": "user", "content": "hi"},
+                                            {"role": "system", "content": "Reminder."},
+                                            {"role": "user", "content": "again"}]
+
+
 @pytest.mark.parametrize("body, needle", [
     ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-    ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "top-level 'system'"),
+    ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "text-only"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",

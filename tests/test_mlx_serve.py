@@ -181,10 +181,10 @@ def test_ollama_chat_endpoint(http):
     assert "".join(ln["message"]["content"] for ln in lines) == r["message"]["content"]
 
 
-def test_llamacpp_only_features_get_clear_errors(client):
-    with pytest.raises(openai.APIStatusError) as ei:
-        client.embeddings.create(model="x", input=["a cat"])
-    assert ei.value.status_code == 501 and "embeddings need the llama.cpp backend" in str(ei.value)
+def test_embeddings_and_constraints_on_mlx(client):
+    e = client.embeddings.create(model="x", input=["a cat", "a dog"])  # mlx/embed.py (issue 27)
+    assert [len(d.embedding) for d in e.data] == [576, 576] and e.usage.prompt_tokens > 0
+    assert abs(sum(v * v for v in e.data[0].embedding) - 1) < 1e-3
     schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}},
               "required": ["age"], "additionalProperties": False}
     r = client.chat.completions.create(  # constrained decoding runs on MLX too (llguidance, issue 14)

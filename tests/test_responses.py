@@ -265,6 +265,7 @@ def test_malformed_requests_are_400_naming_the_field(http):
                                                                    "definition": "start: ((("}}]},
          "tools[0].format.definition"),
         ({"input": []}, "input"),
+        ({"conversation": "conv_1"}, "conversation"),
     ]
     for patch, param in cases:
         r = http.post("/v1/responses", json=dict(ok, **patch))
@@ -316,3 +317,18 @@ def test_responses_survive_a_restart_and_stay_with_their_key(engine_plan, tmp_pa
         assert ei.value.body["param"] == "previous_response_id"
     finally:
         srv.stop()
+
+
+def test_truncation_auto_drops_the_oldest_turns(http):
+    long = " ".join(["The quick brown fox jumps over the lazy dog."] * 70)  # ≈ 700 tokens
+    items = []
+    for i in range(3):
+        items += [{"role": "user", "content": f"{i}: {long}"}, {"role": "assistant", "content": "OK."}]
+    items.append({"role": "user", "content": "Thanks."})
+    body = {"input": items, "max_output_tokens": 2, "temperature": 0}
+    r = http.post("/v1/responses", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    r = http.post("/v1/responses", json=dict(body, truncation="auto"))
+    assert r.status_code == 200, r.text
+    assert r.json()["truncation"] == "auto" and r.json()["usage"]["input_tokens"] < N_CTX

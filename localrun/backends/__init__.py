@@ -28,8 +28,10 @@ from localrun.errors import ConfigError
 
 BACKENDS = ("llamacpp", "mlx")
 
-# what a llama.cpp engine's first request imports lazily (``warm_up``): the engine, embeddings, speculation
-# (and its vocabulary check), the sampler chain and the KV-cache tiers
+# what a first request imports lazily (``warm_up``): the backend choice, for any model (``choice.py`` asks
+# ``mlx/gguf.py`` whether a GGUF loads natively in MLX); on llama.cpp the engine, embeddings, speculation (and
+# its vocabulary check), the sampler chain and the KV-cache tiers
+CHOICE_MODULES = ("localrun.backends.choice", "localrun.backends.mlx.gguf")
 LLAMACPP_MODULES = ("localrun.backends.llamacpp.engine", "localrun.backends.llamacpp.embed",
                     "localrun.backends.llamacpp.spec", "localrun.backends.draft_vocab",
                     "localrun.backends.llamacpp.sampling", "localrun.backends.kv_cache", "localrun.backends.kv_files")
@@ -74,8 +76,11 @@ def supports_gpu_offload(backend: str) -> bool:
 def warm_up(backend: str) -> None:
     """Import what a first request on ``backend`` would import lazily and, for llama.cpp, load the library
     with its backends initialised (``llama_backend_init``), so that a server's first request does not pay
-    for it (``server.loader.PlannerLoader.warm_up``). MLX: nothing more (its engine imports mlx on load).
-    Raises what the imports raise (BackendUnavailableError without llama_cpp)."""
+    for it (``server.loader.PlannerLoader.warm_up``): the backend choice's modules for any ``backend``; MLX:
+    nothing more (its engine imports mlx on load). Raises what the imports raise (BackendUnavailableError
+    without llama_cpp)."""
+    for name in CHOICE_MODULES:
+        importlib.import_module(name)
     if backend not in ("llamacpp", "auto"):
         return
     from localrun.backends.llamacpp.lib import import_llama
@@ -88,12 +93,18 @@ def warm_up(backend: str) -> None:
 
 def embedder_for(engine, n_ctx: int | None = None):
     """A sentence-embedding context on ``engine``'s weights (llama.cpp: ``llamacpp/embed.py
-    LlamaCppEmbedder``; ``embed(tokens) -> list[float]``), ``n_ctx`` tokens per input at most (None: the
-    engine's). Raises ConfigError for a backend without embeddings (MLX), BackendError (no context)."""
+    LlamaCppEmbedder``; MLX: ``mlx/embed.py MlxEmbedder``, the same mean-pooled, L2-normalized last hidden
+    state; ``embed(tokens) -> list[float]``), ``n_ctx`` tokens per input at most (None: the engine's).
+    Raises ConfigError for a backend without embeddings, BackendError (no context, an MLX architecture whose
+    hidden state is not reachable)."""
     if engine.backend == "llamacpp":
         from localrun.backends.llamacpp.embed import LlamaCppEmbedder
 
         return LlamaCppEmbedder(engine, n_ctx)
+    if engine.backend == "mlx":
+        from localrun.backends.mlx.embed import MlxEmbedder
+
+        return MlxEmbedder(engine, n_ctx)
     raise ConfigError(f"embeddings need the llama.cpp backend, not {engine.backend}",
                       hint="load the model with --backend llamacpp")
 

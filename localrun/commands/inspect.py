@@ -28,8 +28,12 @@ def register(app: typer.Typer) -> None:
             raise ModelFormatError(str(path), "an MLX model folder; inspect reads GGUF headers",
                                    hint=f"`localrun chat {path}` runs it with MLX; its facts are in "
                                    f"{path / 'config.json'}")
+        from localrun.model.capabilities import capabilities
+
         spec = read_gguf(path)
         info = spec.summary()
+        caps = capabilities(spec, spec.chat_template)
+        info["capabilities"] = caps.to_dict()
         if json_out:
             print_json(info)
             return
@@ -66,6 +70,7 @@ def register(app: typer.Typer) -> None:
                 "chat template",
                 "yes" if spec.chat_template else "[yellow]none (base model: use --raw or --chat-template)[/]",
             ),
+            ("capabilities", caps.line()),
             (
                 "BOS / EOS",
                 f"{info['bos_token']['text']!r} ({spec.bos_token_id}) / "

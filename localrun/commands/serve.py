@@ -123,6 +123,10 @@ def register(app: typer.Typer) -> None:
             help="Default thinking budget in tokens for thinking models: when it runs out the server closes the "
                  "thinking block and the model answers (0: no thinking). A request's reasoning_effort, Ollama "
                  "think level or Anthropic budget_tokens wins."),
+        generic_tools: bool = typer.Option(True, "--generic-tools/--no-generic-tools",
+            help="Tool calls for models whose chat template has no tool syntax (llama-server's generic format: "
+                 "the tools described in a system message, the answer constrained to a call or a reply). Off: "
+                 "such requests are refused (Ollama's \"does not support tools\")."),
         keep_alive: List[str] = typer.Option([], "--keep-alive",
             help="How long an idle model stays loaded: 5m (default), 1h, 30s, 0 (unload after each request), -1 "
                  "(never); NAME=DURATION sets one model's default (repeatable). A request's keep_alive wins."),
@@ -176,8 +180,8 @@ def register(app: typer.Typer) -> None:
         serving a request is never unloaded. An idle model unloads after --keep-alive.
 
         With --backend mlx the same API runs on MLX, one request at a time (later requests wait in the \
-        queue, and prefix caching reuses the previous request's KV); /v1/embeddings then answers 501 \
-        (embeddings need the llama.cpp backend)."""
+        queue, and prefix caching reuses the previous request's KV); /v1/embeddings gives the same \
+        mean-pooled vectors as on llama.cpp."""
         from localrun.config import get_settings
         from localrun.errors import ConfigError
 
@@ -206,7 +210,7 @@ def register(app: typer.Typer) -> None:
                    chat_template=chat_template, alias=alias, threads=threads, force=force,
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
-                   stop_loops=stop_loops, reasoning_budget=reasoning_budget,
+                   stop_loops=stop_loops, reasoning_budget=reasoning_budget, generic_tools=generic_tools,
                    hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers,
                    speculation=speculation, responses_db=responses_db)
 
@@ -302,6 +306,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
+               generic_tools: bool = True,
                kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None,
                speculation=None, responses_db: Path | None = None) -> None:
     """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers);
@@ -321,6 +326,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     options.parse_special_in_prompt = parse_special_in_prompt
     options.stop_loops = stop_loops
     options.reasoning_budget = reasoning_budget
+    options.generic_tools = generic_tools
     options.responses_db = responses_db
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,

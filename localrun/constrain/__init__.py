@@ -9,7 +9,8 @@ token, on both engines.
 * ``control``: ``GrammarControl``, the per-generation token control (forced tokens, mask, accept,
   complete) the engines apply; its next mask is computed in a worker thread while the forward pass runs.
 * ``tools``: ``tool_call_constraint``: force a parseable tool call in a template family's syntax
-  (``tool_choice: required`` / a named function).
+  (``tool_choice: required`` / a named function); ``generic_constraint``: the generic format's whole
+  answer (a tool call or a plain answer) for a template without tool syntax.
 
 ``backends.control.build_control`` compiles a request's constraint with ``control.token_control``
 (importing it on the first constrained request); nothing here imports ``backends.control`` back.
@@ -18,8 +19,8 @@ llguidance is imported inside the functions that need it (a compiled extension).
 
 from localrun.constrain.control import GrammarControl, token_control
 from localrun.constrain.grammar import JSON_OPTIONS, check, compile_grammar, gbnf_to_lark
-from localrun.constrain.tools import tool_call_constraint
+from localrun.constrain.tools import generic_constraint, tool_call_constraint
 from localrun.constrain.vocab import tokenizer_for
 
 __all__ = ["GrammarControl", "JSON_OPTIONS", "check", "compile_grammar", "gbnf_to_lark", "token_control",
-           "tokenizer_for", "tool_call_constraint"]
+           "generic_constraint", "tokenizer_for", "tool_call_constraint"]

@@ -10,6 +10,9 @@ Syntaxes (as ``localrun.dialects.calls`` parses them; the family names are ``dia
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\\n```json\\n{...}\\n```
   <｜tool▁call▁end｜><｜tool▁calls▁end｜>`` (DeepSeek-R1 / V3)
 * ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
+* ``generic`` (a template without tool syntax; llama.cpp ``common_chat_params_init_generic``):
+  ``{"tool_call": {"name": "f", "arguments": {...}}}`` or, parallel, ``{"tool_calls": [{...}, ...]}``;
+  ``generic_constraint`` also offers the plain answer ``{"response": "..."}`` (``tool_choice: auto``)
 
 Markers are matched as text (the model may write them with its control token or with ordinary
 pieces; the reply parser reads the text either way).
@@ -24,7 +27,7 @@ from localrun.backends.base import Constraint
 from localrun.constrain.grammar import JSON_OPTIONS, check
 from localrun.errors import ConstraintError
 
-SYNTAXES = ("hermes", "llama3", "mistral", "deepseek", "harmony")
+SYNTAXES = ("hermes", "llama3", "mistral", "deepseek", "harmony", "generic")
 
 
 def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
@@ -43,6 +46,30 @@ def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
     if syntax not in SYNTAXES:
         raise ConstraintError(f"no tool-call grammar for the {syntax!r} syntax (known: {', '.join(SYNTAXES)})",
                               param="tool_choice", hint="use tool_choice 'auto' with this model")
+    fns = _functions(tools, name)
+    body = _generic_lark(fns, parallel, required=True) if syntax == "generic" else _lark(syntax, fns, parallel)
+    thinking = getattr(family, "thinking", None)
+    if thinking is not None and thinking.open and thinking.close:
+        body = _with_thinking(body, thinking)
+    return Constraint("lark", body, param="tool_choice")
+
+
+def generic_constraint(tools: list[dict], name: str | None = None, *, required: bool = False,
+                       parallel: bool = False, response: dict | None = None) -> Constraint:
+    """A ``Constraint`` (kind ``lark``) for the generic format's whole answer: one JSON object that calls
+    ``name`` (or any tool in ``tools``), or, unless ``required`` or ``name``, answers
+    ``{"response": ...}``: a string, or what ``response`` (a JSON Schema: the request's response format)
+    allows. ``parallel``: calls as the ``tool_calls`` array (one or more), else one ``tool_call``. The
+    layout is localrun's JSON layout (``JSON_OPTIONS``). The shape is llama.cpp's
+    ``common_chat_params_init_generic`` without its model-written call ``id``s (localrun makes the ids).
+    Raises ConstraintError as ``tool_call_constraint`` does."""
+    fns = _functions(tools, name)
+    return Constraint("lark", _generic_lark(fns, parallel, required=required or name is not None,
+                                            response=response), param="tool_choice")
+
+
+def _functions(tools: list[dict], name: str | None) -> list[dict]:
+    """The function objects of ``tools`` (only ``name`` when given), their parameters checked."""
     fns = [t.get("function", t) if isinstance(t, dict) else {} for t in tools or []]
     fns = [f for f in fns if isinstance(f.get("name"), str) and f["name"]]
     if name is not None:
@@ -53,11 +80,22 @@ def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
                               hint="name one of the functions listed in 'tools'")
     for f in fns:  # an unenforceable parameters schema: 400 naming the tool, keyword and path
         check(Constraint("json_schema", _params(f), param=f"tools[{f['name']}].function.parameters"))
-    body = _lark(syntax, fns, parallel)
-    thinking = getattr(family, "thinking", None)
-    if thinking is not None and thinking.open and thinking.close:
-        body = _with_thinking(body, thinking)
-    return Constraint("lark", body, param="tool_choice")
+    return fns
+
+
+def _generic_lark(fns: list[dict], parallel: bool, *, required: bool, response: dict | None = None) -> str:
+    calls = [_call_schema(f, "arguments") for f in fns]
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
+                "required": ["tool_calls"], "additionalProperties": False}
+    else:
+        call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"],
+                "additionalProperties": False}
+    schema = call if required else {"anyOf": [call, {
+        "type": "object", "properties": {"response": response or {"type": "string"}}, "required": ["response"],
+        "additionalProperties": False}]}
+    return f"start: reply\nreply: {_json(schema)}\n"
 
 
 def _with_thinking(body: str, t) -> str:

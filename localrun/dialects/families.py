@@ -47,7 +47,8 @@ class Family:
     """A template family: ``name`` ("deepseek-r1", "deepseek-v3", "qwen3", "qwq", "gpt-oss", "magistral",
     "hermes", "llama3", "mistral", "plain"), its ``thinking`` (None: the model does not think), its
     tool-call syntax ``tools``: "hermes" | "llama3" | "mistral" | "deepseek" | "harmony" | None, and how
-    its template wants past tool calls (``history_args``, ``null_content``)."""
+    its template wants past tool calls (``history_args``, ``null_content``). Detection never says
+    "generic": the server gives that syntax to a template without one (``dialects.generic``)."""
 
     name: str
     thinking: Thinking | None

@@ -27,7 +27,9 @@ def messages_for_template(messages: list[dict], family: Family) -> list[dict]:
     - ``tool`` messages: content as text, ``tool_call_id`` and the called function's ``name`` filled in;
     - thinking: removed from assistant turns before the last user message when the template drops it
       (``Thinking.drops_history``); otherwise kept under the key the template reads (``reasoning_content``;
-      gpt-oss ``thinking``; Magistral a ``thinking`` content block).
+      gpt-oss ``thinking``; Magistral a ``thinking`` content block);
+    - the generic family (``Family.tools == "generic"``: a template without tool syntax): past calls and
+      tool results written as text in the generic format (``generic.history_as_text``).
     """
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     names: dict[str, str] = {}
@@ -42,6 +44,10 @@ def messages_for_template(messages: list[dict], family: Family) -> list[dict]:
         elif isinstance(m.get("content"), list) and role != "user":
             m["content"] = _text_of(m["content"])
         out.append(m)
+    if family.tools == "generic":
+        from localrun.dialects.generic import history_as_text
+
+        return history_as_text(out)
     return out
 
 

@@ -10,7 +10,8 @@ whole once its end is seen (so a malformed call can still come back as content, 
   whitespace right after it are dropped (the family's transition, e.g. ``"\\n</think>\\n\\n"``).
 - tool calls: Hermes ``<tool_call>{…}</tool_call>``, Llama 3 bare JSON (at the start of the reply) and
   ``<|python_tag|>``, Mistral ``[TOOL_CALLS][…]`` / ``[TOOL_CALLS]name[ARGS]{…}``, DeepSeek's
-  ``<｜tool▁call▁begin｜>…<｜tool▁call▁end｜>``, harmony ``to=functions.NAME … <|message|>{…}<|call|>``.
+  ``<｜tool▁call▁begin｜>…<｜tool▁call▁end｜>``, harmony ``to=functions.NAME … <|message|>{…}<|call|>``,
+  and the generic format (``generic``: the whole answer is one JSON object, a call or a ``response``).
   Each call: ``ToolCallStart`` (id ``"call_"`` + 24 hex), one ``ToolCallArgs`` (the arguments as a JSON
   string, as OpenAI requires), ``ToolCallEnd`` (the parsed object, as Ollama wants); indexes count up.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from localrun.dialects import calls as C
 from localrun.dialects.families import Family
+from localrun.dialects.generic import GenericReply
 
 
 @dataclass
@@ -112,6 +114,7 @@ class ReplyParser:
         self._index = 0
         self._pending: list[ReplyEvent] = []
         self._wrap_close = ""  # harmony raw_thinking: the marker to write when the analysis message ends
+        self._generic = GenericReply() if self._tools == "generic" else None  # reads the whole answer
         if self._think is not None and self._think.opened_by_template and not self._harmony:
             if self._split:
                 self._enter_thinking()
@@ -128,6 +131,8 @@ class ReplyParser:
     def finish(self) -> list[ReplyEvent]:
         """Events for what is held back; an unterminated or malformed call comes back as content."""
         out = self._run(final=True)
+        if self._generic is not None:
+            self._generic_items(self._generic.finish(), out)
         if self._mode == "call":
             self._close_call("", out, at_finish=True)
         elif self._mode == "header":
@@ -252,6 +257,10 @@ class ReplyParser:
                 out.append(Delta("thinking", body))
                 self._started = True
             return
+        if self._generic is not None:  # the answer is a generic-format object: its reader decides
+            self._started = self._started or bool(text.strip())
+            self._generic_items(self._generic.feed(text), out)
+            return
         if not self._started and self._markers()[1]:  # a block or a call may still open: hold whitespace
             text, self._lead = self._lead + text, ""
             if not text.strip():
@@ -334,13 +343,23 @@ class ReplyParser:
             self._emit("content", raw, out)
             self._started = True
         else:
-            for name, args in found:
-                out += [ToolCallStart(self._index, new_call_id(), name),
-                        ToolCallArgs(self._index, json.dumps(args, ensure_ascii=False)),
-                        ToolCallEnd(self._index, args)]
-                self._index += 1
+            self._emit_calls(found, out)
             self._mode = "calls" if kind == "deepseek" else "content"
         self._kind = self._marker = self._body = self._header = ""
+
+    def _emit_calls(self, found: list[C.Call], out: list[ReplyEvent]) -> None:
+        for name, args in found:
+            out += [ToolCallStart(self._index, new_call_id(), name),
+                    ToolCallArgs(self._index, json.dumps(args, ensure_ascii=False)),
+                    ToolCallEnd(self._index, args)]
+            self._index += 1
+
+    def _generic_items(self, items: list, out: list[ReplyEvent]) -> None:
+        for it in items:
+            if isinstance(it, str):
+                out.append(Delta("content", it))
+            else:
+                self._emit_calls([it], out)
 
     def _parse(self, kind: str, body: str) -> list[C.Call] | None:
         if kind == "hermes":

@@ -122,6 +122,7 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._midway_system: bool | None = None  # renders a system message after the first turn (probed once)
 
     def render(self, messages: Sequence, *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
@@ -160,8 +161,39 @@ class ChatTemplate:
                 "trusted clients only, --parse-special-in-content")
         return parts
 
+    @property
+    def renders_system_midway(self) -> bool:
+        """Whether the template renders a system message that comes after a user/assistant turn, in its
+        place (ChatML, Llama 3 do; Gemma's raises "roles must alternate", others drop it silently). Probed
+        once by rendering such a conversation and finding the system text after the first answer."""
+        if self._midway_system is None:
+            probe = "\u2063system-probe\u2063"
+            msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
+                    {"role": "assistant", "content": "A1"}, {"role": "system", "content": probe},
+                    {"role": "user", "content": "U2"}]
+            try:
+                text = self._render_as_is(msgs, True, None, None)
+                self._midway_system = text.find(probe) > text.find("A1") >= 0
+            except ChatTemplateError:
+                self._midway_system = False
+        return self._midway_system
+
     def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
                 template_kwargs: dict | None = None) -> str:
+        """Render, after merging system messages that follow the first turn into the leading system message
+        (in order, joined by a blank line) when the template cannot render them where they stand
+        (``renders_system_midway``): never dropped, never a template error."""
+        first_turn = next((i for i, m in enumerate(msgs) if m.get("role") != "system"), len(msgs))
+        if any(m.get("role") == "system" for m in msgs[first_turn:]) and not self.renders_system_midway:
+            lead = [m for m in msgs[:first_turn]]
+            late = [m for m in msgs[first_turn:] if m.get("role") == "system"]
+            texts = [_text_of(m.get("content")) for m in lead + late]
+            merged = {"role": "system", "content": "\n\n".join(t for t in texts if t)}
+            msgs = [merged] + [m for m in msgs[first_turn:] if m.get("role") != "system"]
+        return self._render_as_is(msgs, add_generation_prompt, tools, template_kwargs)
+
+    def _render_as_is(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+                      template_kwargs: dict | None = None) -> str:
         import jinja2
 
         # the caller's extras first: the fixed variables below are not theirs to override
@@ -239,6 +271,15 @@ def _control_ids(parts: list[tuple[str, bool]], tokenize) -> set[int]:
     lit = "".join(t for t, is_content in parts if not is_content)
     return set(tokenize(lit, add_special=False, parse_special=True)) - \
         set(tokenize(lit, add_special=False, parse_special=False))
+
+
+def _text_of(content) -> str:
+    """A message's content as text: a string, or OpenAI-style parts (their ``text`` joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") if isinstance(p, dict) else getattr(p, "text", "") for p in content)
 
 
 def _as_dict(m) -> dict:

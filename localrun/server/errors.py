@@ -76,7 +76,10 @@ def error_info(exc: LocalrunError) -> tuple[int, dict]:
         if isinstance(exc, (ContextOverflowError, ConstraintError)):
             param = exc.param or None
     msg = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
-    return status, error_body(msg, etype=etype, param=param, code=code)
+    body = error_body(msg, etype=etype, param=param, code=code)
+    if isinstance(exc, ContextOverflowError):  # as llama-server's exceed_context_size_error
+        body["error"].update(n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    return status, body
 
 
 def error_body(message: str, *, etype: str = "invalid_request_error", param: str | None = None,

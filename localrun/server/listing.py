@@ -1,5 +1,6 @@
 """What a server can serve: its resident models first, then every model on disk that ``localrun ls`` finds
-(``/api/tags``, ``/v1/models``)."""
+(``/api/tags``, ``/v1/models``), and what each one is (``model_meta``: llama-server's ``meta`` fields and the
+model's capabilities)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,38 @@ def _mtime(path: str) -> float:
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def model_meta(e: Loadable, *, generic_tools: bool = False) -> dict:
+    """What ``/v1/models`` says of a model in its ``meta`` object: llama-server's fields (``n_params``,
+    ``n_ctx_train``, ``n_embd``, ``n_vocab``, ``size`` in bytes) from the header, and the model's
+    capabilities (``model/capabilities.py``: Ollama's list as ``capabilities``, with the facts behind it:
+    ``family``, ``thinking``, ``tool_calls``, ``vision``, ``embedding``, ``pooling``, ``reranker``). A
+    resident's come from the header it loaded and the template its engine uses; a model on disk's from its
+    file (a header read, cached; nothing is loaded). Reads files: call it off the event loop."""
+    from localrun.model.capabilities import capabilities
+    from localrun.server.facts import file_capabilities, folder_facts, model_capabilities
+
+    r = e.resident
+    if r is not None:
+        spec, caps = r.state.spec, model_capabilities(r.state)
+    elif os.path.isdir(e.path):
+        spec, caps = folder_facts(e.path), file_capabilities(e.path, generic_tools=generic_tools)
+    else:
+        try:
+            from localrun.model.gguf_info import read_gguf
+
+            spec = read_gguf(e.path)
+            caps = capabilities(spec, spec.chat_template, generic_tools=generic_tools)
+        except Exception:  # an unreadable header: the listing still names the file
+            spec, caps = None, capabilities(None, None)
+    meta: dict = {"loaded": r is not None, "path": e.path, "size": e.size_bytes}
+    if spec is not None:
+        meta.update(n_params=int(getattr(spec, "n_params", 0) or 0),
+                    n_ctx_train=int(getattr(spec, "n_ctx_train", 0) or 0),
+                    n_embd=int(getattr(spec, "n_embd", 0) or 0),
+                    n_vocab=int(getattr(spec, "vocab_size", 0) or 0), arch=getattr(spec, "arch", ""))
+    facts = caps.to_dict()
+    meta["capabilities"] = facts.pop("capabilities")
+    meta.update(facts)
+    return meta

@@ -378,7 +378,7 @@ class ModelRegistry:
     # ------------------------------------------------------------------ helpers
     def _state(self, engine, opts: ServeOptions) -> ServerState:
         factory = self.embedder_factory
-        if factory is None and engine.backend == "llamacpp":
+        if factory is None and engine.backend in ("llamacpp", "mlx"):
             from localrun.backends import embedder_for
 
             factory = embedder_for
@@ -428,7 +428,7 @@ class ModelRegistry:
 
 
 def no_embeddings(engine):
-    """/v1/embeddings on a backend without an embedding context (MLX): a 501 that says what to do."""
+    """/v1/embeddings on a backend without an embedding context: a 501 that says what to do."""
     raise RequestError(f"embeddings need the llama.cpp backend (this server runs {engine.backend})",
                        code="unsupported", status=501,
                        hint="start the server with `localrun serve --backend llamacpp` for /v1/embeddings")

@@ -11,6 +11,14 @@ control fields on ``SamplingParams`` (thinking budget, ``tool_choice`` constrain
 renders those events; a non-streaming answer is the same events gathered by ``collect_reply``, so
 streaming and non-streaming answers agree by construction.
 
+Tools on a template without tool syntax (``Family.tools`` None: SmolLM2's ChatML, ``--chat-template gemma``)
+use the generic format (``dialects.generic``, llama-server's fallback): the family becomes
+``tools="generic"``, the tools are described in the first system message, the whole answer is
+constrained to a tool-call object or ``{"response": ...}`` (``constrain.generic_constraint``) and the
+parser reads it back, so every wing gets tool calls without code of its own. ``serve --no-generic-tools``
+(``ServeOptions.generic_tools``) turns it off: such requests are refused as before. Past tool calls and
+results render as text in that format on any template that does not render ``tool_calls`` itself.
+
 The reasoning control (docs/architecture.md §3): OpenAI ``reasoning_effort``, Ollama ``think`` and Anthropic
 ``thinking.budget_tokens`` all become ``(think, level, budget)``. ``think=False`` turns thinking off with
 the template's toggle (Qwen3 ``enable_thinking``); a template that cannot turn it off (DeepSeek-R1 opens
@@ -21,7 +29,7 @@ takes (gpt-oss ``reasoning_effort``) is passed to it; otherwise a level is a bud
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import AsyncIterator, Sequence
 
@@ -101,8 +109,8 @@ def family_of(template_source: str | None) -> Family:
 
 async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool_choice: str | dict | None,
                        think: bool | None, level: str | None, budget: int | None, params: SamplingParams,
-                       raw_thinking: bool = False, template_kwargs: dict | None = None
-                       ) -> tuple[str, list[int], Family, ReplyOptions]:
+                       raw_thinking: bool = False, template_kwargs: dict | None = None,
+                       parallel_tool_calls: bool = False) -> tuple[str, list[int], Family, ReplyOptions]:
     """A chat request → (prompt text, prompt tokens, family, reply options); sets ``params``' token control.
 
     ``messages``: dicts (role, content, tool_calls, tool_call_id, name, reasoning_content) or ``Message``s.
@@ -111,30 +119,43 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
     ``{"type": "function", "function": {"name": N}}`` (both enforced by a constraint on the output).
     ``think``/``level``/``budget``: the reasoning control (module docstring); ``budget`` in tokens, None:
     the level's, else ``serve --reasoning-budget``. ``template_kwargs``: the client's own
-    (``chat_template_kwargs``), applied over the computed ones.
-    Raises RequestError (unknown tool name, tools on a template without them), ChatTemplateError,
-    ContextOverflowError."""
+    (``chat_template_kwargs``), applied over the computed ones. ``parallel_tool_calls``: the generic
+    format may make several calls in one answer (its ``tool_calls`` array; llama-server's default: one).
+    Raises RequestError (unknown tool name, tools on a template without them under
+    ``--no-generic-tools``), ChatTemplateError, ContextOverflowError."""
     family = family_of(st.engine.template_source)
     tools, choice = _tool_setup(st, tools, tool_choice)
+    generic = tools is not None and family.tools is None and generic_tools_on(st)
+    if generic:
+        family = replace(family, tools="generic")
     kwargs = dict(template_kwargs or {})
     t = family.thinking
     if t is not None and t.toggle_kwarg and t.toggle_kwarg in kwargs and think is None:
         think = bool(kwargs[t.toggle_kwarg])  # chat_template_kwargs.enable_thinking is the switch itself
-    if choice is not None and t is not None and t.toggle_kwarg:
+    constrained = choice is not None or generic
+    if constrained and t is not None and t.toggle_kwarg:
         think = False  # a forced call is the whole reply: the constraint starts at the first token
     kwargs = {**family_template_kwargs(family, think=think, level=level), **kwargs}
     thinking = t is not None and (think is not False or not t.toggle_kwarg)
-    if thinking and choice is None:
+    if thinking and not constrained:
         _budget_fields(params, family, think=think, level=level, budget=budget,
                        default_budget=st.options.reasoning_budget)
     if family.name == "gpt-oss":
         params.render_special = True  # the channel markers are the reply's structure
-    if choice is not None:
-        _tool_constraint(params, family, tools, choice, close_thinking=thinking and t.opened_by_template)
-    msgs = _history(family, messages)
+    if constrained:
+        _tool_constraint(params, family, tools, choice, close_thinking=thinking and t.opened_by_template,
+                         parallel=parallel_tool_calls)
+    msgs = _history(_history_family(family, st.engine.template_source), messages)
+    if generic:
+        from localrun.dialects.generic import add_system, instructions
+
+        name = choice["function"]["name"] if isinstance(choice, dict) else None
+        msgs = add_system(msgs, instructions(tools, name=name, required=choice == "required",
+                                             parallel=parallel_tool_calls))
+    template_tools = None if generic else tools
 
     def work():
-        return st.engine.tokenize_chat(msgs, tools=tools, template_kwargs=kwargs or None,
+        return st.engine.tokenize_chat(msgs, tools=template_tools, template_kwargs=kwargs or None,
                                        parse_special_in_content=st.options.parse_special_in_content)
 
     text, tokens = await run_in_threadpool(work)
@@ -151,11 +172,11 @@ def _tool_setup(st, tools: list[dict] | None, tool_choice) -> tuple[list[dict] |
     if not tools:
         raise RequestError("tool_choice needs 'tools' to choose from", param="tool_choice",
                            hint="send the tools with the request, or leave tool_choice out")
-    if not st.engine.supports_tools:
+    if not tools_supported(st):
         raise RequestError(f"{st.model_id}'s chat template does not support tools", param="tools",
                            code="tools_unsupported",
                            hint="use a model whose chat template renders `tools` (e.g. Qwen2.5, Llama 3.1), "
-                           "or send the request without tools")
+                           "send the request without tools, or restart the server without --no-generic-tools")
     if tool_choice in (None, "auto"):
         return tools, None
     if tool_choice == "required":
@@ -166,6 +187,25 @@ def _tool_setup(st, tools: list[dict] | None, tool_choice) -> tuple[list[dict] |
         raise RequestError(f"tool_choice names the function {name!r}, which is not among the tools "
                            f"({', '.join(map(str, names))})", param="tool_choice", code="invalid_value")
     return tools, {"type": "function", "function": {"name": name}}
+
+
+def generic_tools_on(st) -> bool:
+    """Whether tools on a template without tool syntax use the generic format (not ``--no-generic-tools``)."""
+    return bool(getattr(st.options, "generic_tools", True))
+
+
+def tools_supported(st) -> bool:
+    """Whether a request with tools is served: the template renders them, or the generic format is on."""
+    return bool(st.engine.supports_tools) or generic_tools_on(st)
+
+
+def _history_family(family: Family, template_source: str | None) -> Family:
+    """The family whose shape past tool calls take: a template without tool syntax that does not render
+    ``tool_calls`` itself gets them as text in the generic format (whatever the options: history always
+    renders)."""
+    if family.tools is None and "tool_calls" not in (template_source or ""):
+        return replace(family, tools="generic")
+    return family
 
 
 def _choice_name(tool_choice) -> str | None:
@@ -197,20 +237,31 @@ def _budget_fields(params: SamplingParams, family: Family, *, think: bool | None
 
 
 def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], choice, *,
-                     close_thinking: bool) -> None:
+                     close_thinking: bool, parallel: bool = False) -> None:
     """``params.constraint`` forcing one tool call in the family's syntax (``constrain.tool_call_constraint``,
-    docs/architecture.md §2). ``close_thinking``: the prompt ends inside the thinking block (DeepSeek-R1), so the
+    docs/architecture.md §2), or, for the generic family under ``tool_choice`` auto (``choice`` None), a
+    call or a plain answer (``constrain.generic_constraint``; a JSON ``response_format`` becomes the
+    answer's schema). ``close_thinking``: the prompt ends inside the thinking block (DeepSeek-R1), so the
     constraint first writes the family's close (no thinking), then the call."""
-    if getattr(params, "constraint", None) is not None or params.grammar:
-        raise RequestError("tool_choice 'required' or a named function cannot be combined with response_format",
-                           param="tool_choice", hint="drop response_format, or use tool_choice 'auto'")
     import re
 
     from localrun.backends.base import Constraint
-    from localrun.constrain import tool_call_constraint
+    from localrun.constrain import generic_constraint, tool_call_constraint
 
-    name = choice["function"]["name"] if isinstance(choice, dict) else None
-    c = tool_call_constraint(family.tools, tools, name)
+    own = getattr(params, "constraint", None)
+    if choice is None:  # the generic format, tool_choice auto
+        if params.grammar or (own is not None and own.kind not in ("json_schema", "json_object")):
+            raise RequestError("a grammar or regex response format cannot be combined with tools on a template "
+                               "without tool syntax (the generic format's answer is JSON)", param="tools",
+                               hint="use a JSON response_format, or send the request without tools")
+        response = None if own is None else own.source if own.kind == "json_schema" else {"type": "object"}
+        c = generic_constraint(tools, parallel=parallel, response=response)
+    elif own is not None or params.grammar:
+        raise RequestError("tool_choice 'required' or a named function cannot be combined with response_format",
+                           param="tool_choice", hint="drop response_format, or use tool_choice 'auto'")
+    else:
+        name = choice["function"]["name"] if isinstance(choice, dict) else None
+        c = tool_call_constraint(family.tools, tools, name, parallel=parallel and family.tools == "generic")
     if close_thinking:
         grammar = re.sub(r"^start:", "tool_call:", c.source, count=1, flags=re.M)
         c = Constraint("lark", f"start: {json.dumps(family.thinking.budget_close)} tool_call\n{grammar}",

@@ -53,6 +53,8 @@ class ServeOptions:
     parse_special_in_prompt: bool = True
     stop_loops: bool = False  # end looping generations (finish "loop" → "stop") unless a request says otherwise
     reasoning_budget: int | None = None  # tokens of thinking before the engine closes the block; None: no limit
+    # tools on a template without tool syntax use the generic format (reply.py); False: refused (--no-generic-tools)
+    generic_tools: bool = True
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
     responses_db: Any = None  # the Responses API's SQLite file (None: <home>/responses.db)

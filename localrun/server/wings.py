@@ -31,6 +31,7 @@ WINGS = (
     "ollama",  # /api/...
     "anthropic",  # /v1/messages
     "responses",  # /v1/responses (OpenAI's Responses API, stored responses)
+    "llamacpp_compat",  # llama-server's /tokenize, /detokenize, /apply-template, /v1/rerank
 )
 
 

@@ -12,7 +12,8 @@ from localrun.errors import ConfigError, ModelNotFoundError
 
 
 def show_info(model: str, hardware=None) -> dict:
-    """``{"name", "catalog", "file", "fit", "summary"}`` for MODEL.
+    """``{"name", "catalog", "file", "fit", "summary"}`` for MODEL, plus ``capabilities`` when the file is on
+    disk (``model.capabilities.Capabilities.to_dict``: from its header and its own chat template).
 
     ``catalog``: the models.toml entry; ``file``: the GGUF header summary when the model is on disk
     (pulled, found in another tool's folder, or a path), with ``complete`` False when its tensor data is
@@ -48,6 +49,9 @@ def show_info(model: str, hardware=None) -> dict:
         info["file"] = {"path": str(path), "quant": spec.file_type, "size_bytes": spec.file_bytes,
                         "complete": not spec.truncated, "expected_bytes": spec.expected_file_bytes,
                         **{k: s[k] for k in ("architecture", "n_params", "n_layer", "n_ctx_train") if k in s}}
+        from localrun.model.capabilities import capabilities
+
+        info["capabilities"] = capabilities(spec, spec.chat_template).to_dict()
     meas = planner_measurement("llamacpp") if hardware is None else None
     if hardware is None:
         from localrun.machine.hardware import probe_hardware
@@ -172,6 +176,10 @@ def summary_rows(info: dict, spec=None, entry=None) -> list[list[str]]:
                  f"INCOMPLETE: {fmt_bytes(f['size_bytes'])} of {fmt_bytes(f['expected_bytes'])} "
                  f"({f['size_bytes'] / f['expected_bytes']:.0%}); it cannot be loaded until the download completes")
         rows.append(["file", f"{f['path']} ({f['quant']}, {fmt_bytes(f['size_bytes'])}, {state})"])
+    if spec is not None:
+        from localrun.model.capabilities import capabilities
+
+        rows.append(["capabilities", capabilities(spec, spec.chat_template).line()])
     c = info.get("catalog")
     if c:
         rows.append(["catalog", f"{c.get('family', '')} · license {c.get('license', '?')} · quantizations "

@@ -11,5 +11,5 @@ What it may import: the backend-neutral modules of ``backends/`` (``base``, ``te
 ``kv_cache``, ``spec_decode``, ``dry``, ``choice``, …), ``model/``, ``offload/``, ``machine/``, ``errors``
 and the foundation; never ``server/``, ``chat/``, ``commands/``, ``bench/``, ``loading`` or the llama.cpp
 wing. Nothing outside ``backends/`` imports this package: they use the names ``localrun.backends``
-exports. Importing this package imports nothing: ``mlx`` loads when an engine needs it.
+exports. Importing this package (this file) imports nothing: ``mlx`` loads when an engine needs it.
 """

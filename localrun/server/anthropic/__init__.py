@@ -28,8 +28,14 @@ def owns(path: str) -> bool:
 
 def error_response(status: int, body: dict, *, overloaded: bool = False) -> tuple[int, dict]:
     """The server's error body → Anthropic's (``convert.error_response``: status → error type; 529 when
-    ``overloaded``)."""
-    return convert.error_response(status, body["error"]["message"], overloaded=overloaded)
+    ``overloaded``). A prompt longer than the context gets Anthropic's own text for it, "prompt is too long:
+    N tokens > M maximum", which Claude Code answers by compacting the conversation."""
+    err = body["error"]
+    if "n_prompt_tokens" in err:
+        message = f"prompt is too long: {err['n_prompt_tokens']} tokens > {err['n_ctx']} maximum"
+    else:
+        message = err["message"]
+    return convert.error_response(status, message, overloaded=overloaded)
 
 
 def stream_error(body: dict) -> str:

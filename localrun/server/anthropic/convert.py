@@ -26,6 +26,8 @@ from localrun.server.errors import RequestError
 
 def history_from_anthropic(req) -> list[dict]:
     """``system`` + ``messages`` → OpenAI-shaped chat messages (dicts, as the chat templates read them).
+    A ``system`` turn inside ``messages`` stays a system message where it stands (the chat template merges
+    it into the leading one when it cannot render it there).
 
     A user turn's ``tool_result`` blocks become ``{"role": "tool", "tool_call_id", "name", "content"}``
     messages (in order, before the turn's text); an assistant turn's ``thinking`` blocks become its
@@ -38,7 +40,9 @@ def history_from_anthropic(req) -> list[dict]:
         out.append({"role": "system", "content": system})
     tool_names: dict[str, str] = {}
     for i, m in enumerate(req.messages):
-        if m.role == "user":
+        if m.role == "system":
+            out.append({"role": "system", "content": _system_turn(m.content, i)})
+        elif m.role == "user":
             out.extend(_user_turn(m.content, i, tool_names))
         else:
             out.append(_assistant_turn(m.content, i, tool_names))
@@ -51,6 +55,15 @@ def _system_text(system) -> str:
     if isinstance(system, str):
         return system
     return "\n\n".join(b.text for b in system)
+
+
+def _system_turn(blocks, i: int) -> str:
+    """A ``system`` message inside ``messages`` → its text. Raises RequestError for a non-text block."""
+    for j, b in enumerate(blocks):
+        if b.type != "text":
+            raise RequestError(f"messages[{i}].content[{j}]: a system message holds text blocks only, not {b.type!r}",
+                               param=f"messages.{i}.content.{j}.type")
+    return "\n\n".join(b.text for b in blocks)
 
 
 def _user_turn(blocks, i: int, tool_names: dict[str, str]) -> list[dict]:

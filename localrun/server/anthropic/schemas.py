@@ -93,20 +93,15 @@ def _refuse_media(kind) -> None:
 
 
 class MessageParam(WireModel):
-    """One turn. ``content`` as a string is read as one text block (as Anthropic does). Blocks are validated
-    here, per ``type`` (the field is typed as plain objects so that the unknown-field log does not read one
-    block type's fields as another's)."""
+    """One turn. ``content`` as a string is read as one text block (as Anthropic does). A ``system`` turn
+    inside ``messages`` (Claude Code sends them, and Anthropic's API of 2026 takes them) holds text blocks
+    only; it is rendered where it stands when the chat template allows that, else merged into the leading
+    system message (``model.chat_template``). Blocks are validated here, per ``type`` (the field is typed as
+    plain objects so that the unknown-field log does not read one block type's fields as another's)."""
 
-    role: Literal["user", "assistant"]
+    _ignored = frozenset({"output_config", "cache_control"})  # Claude Code's per-turn control on a system turn
+    role: Literal["user", "assistant", "system"]
     content: list[dict[str, Any]]
-
-    @field_validator("role", mode="before")
-    @classmethod
-    def _no_system_turn(cls, v):
-        if v == "system":
-            raise ValueError("'system' is not a message role in the Messages API: put the system prompt in the "
-                             "top-level 'system' field")
-        return v
 
     @field_validator("content", mode="before")
     @classmethod

@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server.errors import RequestError
-from localrun.server.facts import folder_facts
+from localrun.server.facts import file_capabilities, folder_facts
 from localrun.server.keepalive import FOREVER, fmt_keep_alive
 from localrun.server.listing import loadable, tag_entry
 from localrun.server.models import ModelRegistry
@@ -163,26 +163,29 @@ def expires_at(r: Resident) -> str:
     return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-async def show_unloaded(name: str, key: str) -> dict:
-    """``/api/show`` for a model on disk that is not loaded: from its GGUF header (nothing is loaded)."""
+async def show_unloaded(name: str, key: str, *, generic_tools: bool = False) -> dict:
+    """``/api/show`` for a model on disk that is not loaded: from its GGUF header (nothing is loaded);
+    ``capabilities`` from that header and its own template (``model/capabilities.py``)."""
     from starlette.concurrency import run_in_threadpool
+
+    from localrun.model.capabilities import capabilities
 
     def read():
         if os.path.isdir(key):
-            return folder_facts(key), None
+            return folder_facts(key), None, file_capabilities(key, generic_tools=generic_tools)
         from localrun.model.gguf_info import read_gguf
 
         spec = read_gguf(key)
-        return spec, spec.chat_template
+        return spec, spec.chat_template, capabilities(spec, spec.chat_template, generic_tools=generic_tools)
 
-    spec, tpl = await run_in_threadpool(read)
+    spec, tpl, caps = await run_in_threadpool(read)
     arch = spec.arch
     info = {"general.architecture": arch, "general.name": spec.name, "general.parameter_count": spec.n_params,
             "general.file_type": spec.file_type, f"{arch}.context_length": spec.n_ctx_train,
             f"{arch}.block_count": spec.n_layer, f"{arch}.embedding_length": spec.n_embd,
             f"{arch}.attention.head_count": spec.n_head, f"{arch}.attention.head_count_kv": spec.n_head_kv}
     return {"license": "", "modelfile": f"FROM {key}\n", "parameters": "", "template": tpl or "",
-            "details": cv.ollama_details(spec), "model_info": info, "capabilities": ["completion"],
+            "details": cv.ollama_details(spec), "model_info": info, "capabilities": caps.ollama(),
             "modified_at": cv.ollama_model_entry(name, spec, key, os.path.getmtime(key))["modified_at"]}
 
 

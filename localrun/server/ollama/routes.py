@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from localrun.dialects import Delta, ToolCallEnd, ToolCallStart
 from localrun.errors import LocalrunError
 from localrun.server.errors import RequestError
+from localrun.server.facts import model_capabilities
 from localrun.server.keepalive import parse_keep_alive, request_n_ctx
 from localrun.server.models import ModelRegistry
 from localrun.server.ollama import convert as cv
@@ -26,7 +27,16 @@ from localrun.server.ollama.schemas import (
     OllamaGenerateRequest,
     OllamaShowRequest,
 )
-from localrun.server.reply import Finish, Reply, ReplyOptions, collect_reply, family_of, prepare_chat, reply_events
+from localrun.server.reply import (
+    Finish,
+    Reply,
+    ReplyOptions,
+    collect_reply,
+    family_of,
+    prepare_chat,
+    reply_events,
+    tools_supported,
+)
 from localrun.server.runtime import ServerState
 
 
@@ -54,11 +64,11 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         key = await reg.names.resolve_strict(name)
         r = reg.residents.get(key)
         if r is None:
-            return await ollama_admin.show_unloaded(name, key)
+            return await ollama_admin.show_unloaded(name, key, generic_tools=reg.options.generic_tools)
         st = r.state
         spec = st.spec
         tpl = st.engine.template_source or ""
-        caps = ["completion"] + (["tools"] if st.engine.supports_tools else []) + ["embedding"]
+        caps = model_capabilities(st).ollama()
         info = {"general.architecture": spec.arch, "general.name": spec.name,
                 "general.parameter_count": spec.n_params, "general.file_type": spec.file_type,
                 f"{spec.arch}.context_length": spec.n_ctx_train, f"{spec.arch}.block_count": spec.n_layer,
@@ -96,7 +106,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         for m in req.messages:
             _no_images(m.images)
-        if tools and not st.engine.supports_tools:
+        if tools and not tools_supported(st):  # only under --no-generic-tools, on a template without tools
             raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
         think, level = _think(st, req.think)
         prompt, tokens, family, opts = await prepare_chat(

@@ -22,9 +22,13 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
     @app.get("/v1/models")
     async def models() -> dict:
         """The resident models first (``meta.loaded`` true), then every model this server can load."""
+        from starlette.concurrency import run_in_threadpool
+
         from localrun.server.listing import loadable
 
-        return {"object": "list", "data": [_card(e) for e in await loadable(reg)]}
+        entries = await loadable(reg)
+        generic = reg.options.generic_tools
+        return {"object": "list", "data": await run_in_threadpool(lambda: [_card(e, generic) for e in entries])}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict:
@@ -32,7 +36,9 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
 
         for e in await loadable(reg):
             if model_id in (e.name, f"{e.name}:latest") or e.resident is not None and model_id in e.resident.names():
-                return _card(e)
+                from starlette.concurrency import run_in_threadpool
+
+                return await run_in_threadpool(_card, e, reg.options.generic_tools)
         raise ModelNotFoundError(model_id, hint="GET /v1/models lists the models this server can load")
 
     @app.post("/v1/chat/completions")
@@ -47,7 +53,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         prompt, tokens, family, opts = await prepare_chat(
             st, messages, tools=tools, tool_choice=req.tool_choice, think=think, level=level,
             budget=req.reasoning_budget, params=params, raw_thinking=req.reasoning_format == "none",
-            template_kwargs=req.chat_template_kwargs)
+            template_kwargs=req.chat_template_kwargs, parallel_tool_calls=bool(req.parallel_tool_calls))
         job = await st.start(request, tokens, params)
         rid, created = cv.new_id("chatcmpl"), cv.now_s()
         if not req.stream:
@@ -61,7 +67,10 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(delta: dict, finish: str | None = None, logprobs=None) -> str:
-            return cv.sse(cv.chat_chunk(rid, created, st.model_id, delta, finish, logprobs=logprobs))
+            c = cv.chat_chunk(rid, created, st.model_id, delta, finish, logprobs=logprobs)
+            if include_usage:  # OpenAI: with include_usage every other chunk carries "usage": null
+                c["usage"] = None
+            return cv.sse(c)
 
         async def events():
             yield chunk({"role": "assistant", "content": ""})
@@ -117,16 +126,20 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             return cv.completion_response(rid, created, st.model_id, echo + text, last.finish_reason, last.stats, lp)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
+        def piece(text: str, finish: str | None, lp=None) -> str:
+            c = cv.completion_response(rid, created, st.model_id, text, finish, None, lp)
+            if include_usage:  # OpenAI: with include_usage every other chunk carries "usage": null
+                c["usage"] = None
+            return cv.sse(c)
+
         async def events():
             try:
                 if echo:
-                    yield cv.sse(cv.completion_response(rid, created, st.model_id, echo, None, None))
+                    yield piece(echo, None)
                 async for c in st.chunks(job):
                     lp = cv.completion_logprobs(c.logprobs) if (c.logprobs and req.logprobs is not None) else None
                     if c.text or c.finish_reason is not None:
-                        yield cv.sse(
-                            cv.completion_response(rid, created, st.model_id, c.text, c.finish_reason, None, lp)
-                        )
+                        yield piece(c.text, c.finish_reason, lp)
                     if c.finish_reason is not None:
                         st.note(request, c.stats, c.finish_reason, log_prompt)
                         if include_usage:
@@ -174,10 +187,15 @@ def _encode(vec: list[float], fmt: str):
     return base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
 
 
-def _card(e) -> dict:
-    """One ``/v1/models`` entry (OpenAI's model object; ``meta`` is llama-server's extra field)."""
+def _card(e, generic_tools: bool = False) -> dict:
+    """One ``/v1/models`` entry (OpenAI's model object: ``id``, ``object``, ``created``, ``owned_by``; ``meta``
+    is llama-server's extra field: ``listing.model_meta``, the capabilities included; ``generic_tools``: the
+    server offers its generic tool format, ``ServeOptions.generic_tools``). Reads the header of a model not
+    loaded: call it off the event loop."""
+    from localrun.server.listing import model_meta
+
     r = e.resident
-    meta = {"loaded": r is not None, "path": e.path, "size": e.size_bytes}
+    meta = model_meta(e, generic_tools=generic_tools)
     if r is not None:
         meta.update(n_ctx=r.state.engine.n_ctx, n_parallel=r.state.engine.n_parallel)
     return {"id": e.name, "object": "model", "created": int(r.state.started_s if r is not None else e.mtime_s),

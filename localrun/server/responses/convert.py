@@ -206,6 +206,7 @@ class ToolSetup:
     choice: str | dict | None = None
     custom: dict[str, Constraint | None] = field(default_factory=dict)
     forced_custom: str | None = None
+    namespaces: dict[str, str] = field(default_factory=dict)  # a tool's name → the namespace it came in
 
 
 def tool_setup(tools: list[dict] | None, tool_choice) -> ToolSetup:
@@ -222,6 +223,8 @@ def tool_setup(tools: list[dict] | None, tool_choice) -> ToolSetup:
             if not isinstance(inner, list):
                 raise RequestError(f"{where}.tools must be a list of tools", param=f"{where}.tools")
             chat_tools += [_one_tool(u, f"{where}.tools[{j}]", setup, check) for j, u in enumerate(inner)]
+            if isinstance(t.get("name"), str):
+                setup.namespaces.update({c["function"]["name"]: t["name"] for c in chat_tools[-len(inner):]})
         else:
             chat_tools.append(_one_tool(t, where, setup, check))
     names = [t["function"]["name"] for t in chat_tools]

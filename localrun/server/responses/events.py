@@ -25,11 +25,13 @@ class OutputBuilder:
     """Output items from reply events. ``custom``: the custom tools' names (a call to one is a
     ``custom_tool_call`` whose ``input`` is the call's ``input`` argument); ``forced_custom``: the custom
     tool whose input the whole reply text is; ``encrypted_reasoning``: add ``encrypted_content`` to
-    reasoning items (``include: ["reasoning.encrypted_content"]``)."""
+    reasoning items (``include: ["reasoning.encrypted_content"]``); ``namespaces``: tool name → the
+    ``namespace`` tool it was offered in (its calls name the namespace)."""
 
     def __init__(self, custom: set[str] = frozenset(), forced_custom: str | None = None,
-                 encrypted_reasoning: bool = False) -> None:
+                 encrypted_reasoning: bool = False, namespaces: dict[str, str] | None = None) -> None:
         self.custom = set(custom)
+        self.namespaces = dict(namespaces or {})
         self.forced_custom = forced_custom
         self.encrypted = encrypted_reasoning
         self.output: list[dict] = []
@@ -131,6 +133,8 @@ class OutputBuilder:
         else:
             item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "arguments": "",
                     "call_id": e.id, "name": e.name}
+        if e.name in self.namespaces:
+            item["namespace"] = self.namespaces[e.name]
         self._calls[e.index] = item
         return out + self._begin(item, None)
 

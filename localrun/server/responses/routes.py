@@ -15,6 +15,7 @@ import logging
 import time
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 
 from localrun.backends.base import SamplingParams, Stats
 from localrun.errors import ContextOverflowError, LocalrunError
@@ -45,18 +46,9 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
     @app.post("/v1/responses")
     async def create(request: Request):
         st, req = await reg.routed(request, ResponsesRequest)
-        if req.background:
-            raise RequestError("background responses are not supported: send the request without 'background' "
-                               "(stream it to see progress)", param="background", code="unsupported_value")
+        _refuse_unbuilt(req)
         owner = owner_of(_api_key(request))
-        context: list[dict] = []
-        if req.previous_response_id is not None:
-            prev = store().get(req.previous_response_id, owner)
-            if prev is None:
-                raise RequestError(f"previous_response_id {req.previous_response_id!r} names no stored response",
-                                   param="previous_response_id", code="previous_response_not_found",
-                                   hint="store the earlier response (store: true, the default) and use its id")
-            context = prev["context"] + prev["input"] + prev["response"]["output"]
+        context = await _context(store(), req, owner)
         items = cv.check_items(cv.input_items(req.input), cv.calls_in(context))
         if not items and not context:
             raise RequestError("'input' is required", param="input")
@@ -64,7 +56,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         params = _sampling(req, st)
         think, level = cv.effort(req.reasoning)
         chat_tools, choice = setup.chat_tools, setup.choice
-        if setup.forced_custom is not None:
+        if setup.forced_custom is not None:  # the whole reply is the tool's input, in its grammar
             if params.constraint is not None:
                 raise RequestError("a forced custom tool cannot be combined with text.format", param="tool_choice")
             params.constraint = setup.custom[setup.forced_custom]
@@ -78,12 +70,16 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         job = await st.start(request, tokens, params)
         base = _skeleton(req, st.model_id, dropped)
         builder = OutputBuilder(custom=set(setup.custom), forced_custom=setup.forced_custom,
-                                encrypted_reasoning="reasoning.encrypted_content" in (req.include or []))
-        keep = req.store is not False
+                                encrypted_reasoning="reasoning.encrypted_content" in (req.include or []),
+                                namespaces=setup.namespaces)
 
-        def save(resp: dict) -> None:
-            if keep:
-                store().put(resp, owner=owner, context=context, input_items=items)
+        def finished(finish: Finish) -> dict:
+            """The response once the reply ended: logged, and stored unless ``store`` is false."""
+            st.note(request, finish.stats, finish.reason, prompt)
+            resp = _final(base, builder.output, finish)
+            if req.store is not False:
+                store().put(resp, owner=owner, input_items=items)
+            return resp
 
         if not req.stream:
             finish = None
@@ -93,47 +89,14 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                 else:
                     builder.feed(e)
             builder.finish()
-            st.note(request, finish.stats, finish.reason, prompt)
-            resp = _final(base, builder.output, finish)
-            save(resp)
-            return resp
-
-        async def events():
-            seq = 0
-
-            def sse(event: dict) -> str:
-                nonlocal seq
-                event = dict(event, sequence_number=seq)
-                seq += 1
-                return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
-
-            yield sse({"type": "response.created", "response": base})
-            yield sse({"type": "response.in_progress", "response": base})
-            try:
-                async for e in reply_events(st, job, family, opts):
-                    if isinstance(e, Finish):
-                        for ev in builder.finish():
-                            yield sse(ev)
-                        st.note(request, e.stats, e.reason, prompt)
-                        resp = _final(base, builder.output, e)
-                        save(resp)
-                        kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
-                        yield sse({"type": kind, "response": resp})
-                        return
-                    for ev in builder.feed(e):
-                        yield sse(ev)
-            except LocalrunError as exc:
-                _, body = error_info(exc)
-                err = body["error"]
-                failed = dict(base, status="failed", output=builder.output,
-                              error={"code": err.get("code") or err["type"], "message": err["message"]})
-                yield sse({"type": "response.failed", "response": failed})
-
-        return st.stream(job, events(), "text/event-stream")
+            return finished(finish)
+        return st.stream(job, _events(reply_events(st, job, family, opts), base, builder, finished),
+                         "text/event-stream")
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(request: Request, response_id: str):
-        return _found(store().get(response_id, owner_of(_api_key(request))), response_id)["response"]
+        row = await run_in_threadpool(store().get, response_id, owner_of(_api_key(request)))
+        return _found(row, response_id)["response"]
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(request: Request, response_id: str):
@@ -144,7 +107,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
     @app.get("/v1/responses/{response_id}/input_items")
     async def input_items(request: Request, response_id: str, limit: int = 20, order: str = "desc",
                           after: str | None = None):
-        row = _found(store().get(response_id, owner_of(_api_key(request))), response_id)
+        row = _found(await run_in_threadpool(store().get, response_id, owner_of(_api_key(request))), response_id)
         if not 1 <= limit <= 100:
             raise RequestError("limit must be between 1 and 100", param="limit")
         if order not in ("asc", "desc"):
@@ -158,6 +121,62 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         page = data[:limit]
         return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None, "has_more": len(data) > limit}
+
+
+async def _events(replies, base: dict, builder: OutputBuilder, finished):
+    """The SSE stream of one response: ``event:`` and ``data:`` lines, each event with its
+    ``sequence_number`` (module docstring); ``finished(finish)`` makes the final response."""
+    seq = 0
+
+    def sse(event: dict) -> str:
+        nonlocal seq
+        event = dict(event, sequence_number=seq)
+        seq += 1
+        return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+    yield sse({"type": "response.created", "response": base})
+    yield sse({"type": "response.in_progress", "response": base})
+    try:
+        async for e in replies:
+            if isinstance(e, Finish):
+                for ev in builder.finish():
+                    yield sse(ev)
+                resp = finished(e)
+                kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
+                yield sse({"type": kind, "response": resp})
+                return
+            for ev in builder.feed(e):
+                yield sse(ev)
+    except LocalrunError as exc:
+        err = error_info(exc)[1]["error"]
+        failed = dict(base, status="failed", output=builder.output,
+                      error={"code": err.get("code") or err["type"], "message": err["message"]})
+        yield sse({"type": "response.failed", "response": failed})
+
+
+def _refuse_unbuilt(req: ResponsesRequest) -> None:
+    """A 400 for what localrun does not build: background responses, conversations, stored prompts."""
+    if req.background:
+        raise RequestError("background responses are not supported: send the request without 'background' "
+                           "(stream it to see progress)", param="background", code="unsupported_value")
+    for name, why in (("conversation", "the Conversations API is not built: continue with previous_response_id"),
+                      ("prompt", "prompt templates live at OpenAI: send the prompt as instructions and input")):
+        if getattr(req, name) is not None:
+            raise RequestError(f"'{name}' is not supported: {why}", param=name, code="unsupported_value")
+
+
+async def _context(store: ResponseStore, req: ResponsesRequest, owner: str) -> list[dict]:
+    """The conversation before this request's input: the items of ``previous_response_id``'s turns, its
+    output included ([] without one). RequestError when it names no response ``owner`` may see."""
+    if req.previous_response_id is None:
+        return []
+    items = await run_in_threadpool(store.conversation, req.previous_response_id, owner)
+    if items is None:
+        raise RequestError(f"previous_response_id {req.previous_response_id!r} names no stored response (or "
+                           "one of the responses it continued was deleted)", param="previous_response_id",
+                           code="previous_response_not_found",
+                           hint="store the earlier responses (store: true, the default) and use the last one's id")
+    return items
 
 
 def _found(row: dict | None, response_id: str) -> dict:

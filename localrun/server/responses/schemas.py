@@ -44,7 +44,7 @@ class ResponsesRequest(WireModel):
 
     _ignored = frozenset({"metadata", "user", "truncation", "prompt_cache_key", "prompt_cache_retention",
                           "service_tier", "safety_identifier", "stream_options", "parallel_tool_calls",
-                          "top_logprobs", "prompt", "conversation", "context_management", "client_metadata"})
+                          "top_logprobs", "context_management", "client_metadata"})
     model: StrictStr | None = None
     input: Union[StrictStr, list[dict[str, Any]]] | None = None
     instructions: StrictStr | None = None
@@ -64,6 +64,8 @@ class ResponsesRequest(WireModel):
     parallel_tool_calls: StrictBool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: StrictStr | None = None
+    conversation: Any = None  # the Conversations API: not built (a 400 says so)
+    prompt: Any = None  # a prompt template stored at OpenAI: not available locally (a 400 says so)
     # localrun's extensions (the sampling fields chat completions take)
     top_k: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)

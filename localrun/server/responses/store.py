@@ -1,9 +1,9 @@
 """The stored responses: one SQLite file (the standard library's ``sqlite3``), by default
 ``<localrun home>/responses.db`` (``serve --responses-db``), kept across restarts.
 
-A row holds a response as the client saw it (``response``), this request's input items (``input``), and
-the conversation before them (``context``: the items of every earlier turn, their outputs included), so a
-continuation (``previous_response_id``) needs one read. ``owner`` is a SHA-256 of the API key the client
+A row holds a response as the client saw it (``response``), this request's input items (``input``) and the
+response it continued (``previous_id``): a conversation is the chain of its rows (``conversation``), so
+each turn is stored once, however long the conversation grows. ``owner`` is a SHA-256 of the API key the client
 sent: when the server requires keys, a response is only ever found by the key that created it (another
 key gets a 404, as for a response that does not exist).
 
@@ -27,7 +27,6 @@ CREATE TABLE IF NOT EXISTS responses (
     created_at REAL NOT NULL,
     model TEXT NOT NULL,
     previous_id TEXT,
-    context TEXT NOT NULL,
     input TEXT NOT NULL,
     response TEXT NOT NULL
 );
@@ -56,24 +55,37 @@ class ResponseStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
 
-    def put(self, response: dict, *, owner: str, context: list[dict], input_items: list[dict]) -> None:
+    def put(self, response: dict, *, owner: str, input_items: list[dict]) -> None:
         """Store ``response`` (its ``id``, ``model``, ``previous_response_id``), then apply the retention."""
         row = (response["id"], owner, time.time(), response.get("model") or "", response.get("previous_response_id"),
-               json.dumps(context), json.dumps(input_items), json.dumps(response))
+               json.dumps(input_items), json.dumps(response))
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)", row)
             self._db.execute("DELETE FROM responses WHERE created_at < ?", (time.time() - self.max_age_s,))
             self._db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created_at "
                              "DESC LIMIT ?)", (self.max_rows,))
 
     def get(self, rid: str, owner: str) -> dict | None:
-        """``{"response", "context", "input"}`` of ``rid`` as ``owner`` may see it; None when not found."""
+        """``{"response", "input", "previous_id"}`` of ``rid`` as ``owner`` may see it; None when not found."""
         with self._lock:
-            r = self._db.execute("SELECT owner, response, context, input FROM responses WHERE id = ?",
+            r = self._db.execute("SELECT owner, response, input, previous_id FROM responses WHERE id = ?",
                                  (rid,)).fetchone()
         if r is None or (self.scoped and r[0] != owner):
             return None
-        return {"response": json.loads(r[1]), "context": json.loads(r[2]), "input": json.loads(r[3])}
+        return {"response": json.loads(r[1]), "input": json.loads(r[2]), "previous_id": r[3]}
+
+    def conversation(self, rid: str, owner: str, max_turns: int = 100_000) -> list[dict] | None:
+        """Every item of the conversation ending with ``rid``, oldest first: each turn's input, then its
+        output. None when ``rid`` or a response it continued is not found (deleted, expired, another key's)."""
+        turns, seen = [], set()
+        while rid is not None and rid not in seen and len(turns) < max_turns:
+            seen.add(rid)
+            row = self.get(rid, owner)
+            if row is None:
+                return None
+            turns.append(row["input"] + row["response"].get("output", []))
+            rid = row["previous_id"]
+        return [item for turn in reversed(turns) for item in turn]
 
     def delete(self, rid: str, owner: str) -> bool:
         """Delete ``rid`` (if ``owner`` may see it). → whether it was there."""
