@@ -332,3 +332,18 @@ def test_truncation_auto_drops_the_oldest_turns(http):
     r = http.post("/v1/responses", json=dict(body, truncation="auto"))
     assert r.status_code == 200, r.text
     assert r.json()["truncation"] == "auto" and r.json()["usage"]["input_tokens"] < N_CTX
+
+
+def test_tools_on_a_template_without_tool_syntax(client):
+    """SmolLM2's ChatML template renders no tools: the generic format (reply.py) carries function calls, and
+    a forced custom tool needs no tool syntax at all (the whole reply is its input)."""
+    weather = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    r = client.responses.create(model="x", input="What is the weather in Oslo?", tools=[weather], temperature=0,
+                                tool_choice="required", max_output_tokens=60)
+    assert [o.type for o in r.output] == ["function_call"] and "city" in json.loads(r.output[0].arguments)
+    dial = {"type": "custom", "name": "dial", "format": {"type": "grammar", "syntax": "regex",
+                                                         "definition": "[0-9]{3}-[0-9]{4}"}}
+    r = client.responses.create(model="x", input="Call Bob.", tools=[weather, dial], temperature=0,
+                                tool_choice={"type": "custom", "name": "dial"}, max_output_tokens=20)
+    assert [o.type for o in r.output] == ["custom_tool_call"] and len(r.output[0].input) == 8

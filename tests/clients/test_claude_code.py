@@ -6,7 +6,9 @@ Claude Code speaks Anthropic's Messages API as of 2026: system turns inside ``me
 prompt of about 12k tokens. It runs here with a scratch HOME (it reads no one's configuration).
 
 1. SmolLM2 at 8k, no tools (``--tools ""``: a 1.6k-token prompt): ``claude -p`` streams the answer,
-   prints it and exits 0.
+   prints it and exits 0. Claude Code asks for ``max_tokens`` 128000 at temperature 1 and a 135M model
+   rambles on its system prompt until the context is full, so the proxy makes the turn greedy and ends it
+   at the first newline (a stop sequence): the protocol is what is tested.
 2. Gemma-3-270M at 32k (``--chat-template gemma``, the agent-size prompt with Claude Code's own tools):
    Claude Code never sends ``tool_choice`` and a 270M base model will not call a tool unasked, so the test
    proxy (harness.RewritingProxy) forces its first turn to call ``Bash`` with ``command`` fixed to ``pwd``;
@@ -61,18 +63,34 @@ def served_lines(log: str) -> list[dict]:
     return out
 
 
+def one_line(path: str, body: dict) -> dict:
+    """The proxy's rewrite for a plain answer: greedy, ended at the first newline (at most 48 tokens)."""
+    if path.startswith("/v1/messages") and "count_tokens" not in path:
+        body = dict(body, temperature=0, stop_sequences=["\n"], max_tokens=48)
+    return body
+
+
 def test_claude_print_streams_and_exits_0(claude, smollm_path, tmp_path):
-    srv = Serve(smollm_path, tmp_path / "serve", "--ctx", "8192", "--parallel", "1", "--stop-loops")
+    srv = Serve(smollm_path, tmp_path / "serve", "--ctx", "8192", "--parallel", "1")
+    proxy = RewritingProxy(srv.url, one_line)
     try:
-        r = run_claude(claude, srv.url, tmp_path, "What is the capital of France? Answer in one word.",
+        r = run_claude(claude, proxy.url, tmp_path, "What is the capital of France? Answer in one word.",
                        "--tools", "", "--max-turns", "1")
         log = srv.log_text()
     finally:
+        proxy.close()
         srv.close()
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log[-3000:])
     assert r.stdout.strip(), r.stderr[-2000:]
     lines = served_lines(log)
     assert lines and all(x["status"] == 200 for x in lines), log[-3000:]
+    # Claude Code's own request shape reached the server unrefused: a system turn inside messages, adaptive
+    # thinking, context_management, the ?beta=true query
+    path, body = next((p, b) for p, b in proxy.requests if p.startswith("/v1/messages"))
+    assert path.endswith("?beta=true") and body.get("thinking") and "context_management" in body
+    assert any(m["role"] == "system" for m in body["messages"]) and body.get("stream") is True
+    events = [name for name, _ in sse_events(proxy.responses[0])]
+    assert events[0] == "message_start" and events[-1] == "message_stop" and "content_block_delta" in events
 
 
 class ForceBash:

@@ -212,7 +212,8 @@ async def _prepare(st, req, items, tools, choice, think, level, params):
         msgs = cv.messages_from_items(req.instructions, items[dropped:])
         try:
             prompt, tokens, family, opts = await prepare_chat(
-                st, msgs, tools=tools, tool_choice=choice, think=think, level=level, budget=None, params=params)
+                st, msgs, tools=tools, tool_choice=choice, think=think, level=level, budget=None, params=params,
+                parallel_tool_calls=req.parallel_tool_calls is True)
             return prompt, tokens, family, opts, dropped
         except ContextOverflowError as e:
             nxt = _next_turn(items, dropped)
