@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "localrun.commands.models",
     "localrun.commands.bench",
     "localrun.commands.worker",
+    "localrun.commands.launch",
 ]
 
 for _mod in COMMAND_MODULES:

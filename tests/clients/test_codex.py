@@ -19,28 +19,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
+from harness import RewritingProxy, Serve, sse_events
 
 pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 API_KEY = "codex-test-key"
 MODEL = "smollm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,35 +44,14 @@ def codex() -> Path:
 
 @pytest.fixture(scope="module")
 def server(smollm_path, tmp_path_factory):
-    """``localrun serve`` in a subprocess (its own LOCALRUN_HOME), with an API key."""
+    """``localrun serve`` in a subprocess (its own LOCALRUN_HOME), with an API key and --responses-db."""
     home = tmp_path_factory.mktemp("codex_serve_home")
-    port = free_port()
-    env = dict(os.environ, LOCALRUN_HOME=str(home))
-    log = open(home / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", str(smollm_path), "--alias", MODEL,
-                             "--port", str(port), "--ctx", "8192", "--parallel", "1", "--threads", "2",
-                             "--chat-template", str(TEMPLATE), "--api-key", API_KEY, "--stop-loops",
-                             "--responses-db", str(home / "stored" / "r.db")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, (home / "serve.log").read_text()[-3000:]
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "localrun serve did not start"
-        time.sleep(0.3)
-    yield url, home / "serve.log"
+    srv = Serve(smollm_path, home, "--alias", MODEL, "--ctx", "8192", "--parallel", "1", "--threads", "2",
+                "--chat-template", str(TEMPLATE), "--api-key", API_KEY, "--stop-loops",
+                "--responses-db", str(home / "stored" / "r.db"))
+    yield srv
+    srv.close()
     assert (home / "stored" / "r.db").is_file()  # a stored response went to --responses-db
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
 
 
 def codex_home(tmp_path: Path, base_url: str) -> Path:
@@ -121,11 +90,11 @@ def run_codex(codex: Path, home: Path, workdir: Path, prompt: str) -> subprocess
 
 
 def test_codex_exec_prints_the_streamed_answer(codex, server, tmp_path):
-    url, log = server
+    url = server.url
     r = run_codex(codex, codex_home(tmp_path, url), tmp_path / "work", "What is the capital of Japan?")
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], log.read_text()[-2000:])
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], server.log_text()[-2000:])
     assert r.stdout.strip(), r.stderr[-3000:]  # the answer, printed
-    assert "POST /v1/responses 200" in log.read_text()
+    assert "POST /v1/responses 200" in server.log_text()
     # Codex sends store: false; a plain request stores its response in the --responses-db file
     h = {"Authorization": f"Bearer {API_KEY}"}
     made = httpx.post(url + "/v1/responses", headers=h, timeout=300,
@@ -134,78 +103,36 @@ def test_codex_exec_prints_the_streamed_answer(codex, server, tmp_path):
     assert httpx.get(url + f"/v1/responses/{made.json()['id']}", headers=h).json()["id"] == made.json()["id"]
 
 
-class ForcingProxy:
-    """Forwards Codex's requests to the server; a first turn (no tool output in it yet) gets a forced,
-    greedy call of ``exec_command`` with ``cmd`` fixed to ``pwd``; later ones are greedy (and end by
-    themselves: the server runs with ``--stop-loops``).
-    ``requests`` keeps every body sent, ``streams`` every answer's text."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.requests: list[dict] = []
-        self.streams: list[str] = []
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-                body = proxy.rewrite(body)
-                proxy.requests.append(body)
-                headers = {"authorization": self.headers.get("authorization", ""),
-                           "content-type": "application/json"}
-                with httpx.stream("POST", proxy.upstream + self.path, json=body, headers=headers,
-                                  timeout=900) as up:
-                    self.send_response(up.status_code)
-                    self.send_header("content-type", up.headers.get("content-type", "application/json"))
-                    self.send_header("connection", "close")
-                    self.end_headers()
-                    seen = []
-                    for chunk in up.iter_raw():
-                        seen.append(chunk)
-                        self.wfile.write(chunk)
-                        self.wfile.flush()
-                    proxy.streams.append(b"".join(seen).decode("utf-8", "replace"))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def rewrite(self, body: dict) -> dict:
-        body = dict(body, temperature=0)
-        answered = any(i.get("type") == "function_call_output" for i in body.get("input", []))
-        if not answered:
-            body["max_output_tokens"] = 48
-            body["tool_choice"] = {"type": "function", "name": "exec_command"}
-            for t in body.get("tools", []):
-                if t.get("name") == "exec_command":
-                    t["parameters"] = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["pwd"]}},
-                                       "required": ["cmd"], "additionalProperties": False}
-        return body
-
-    def close(self) -> None:
-        self.server.shutdown()
+def force_exec_command(path: str, body: dict) -> dict:
+    """A first turn (no tool output in it yet) gets a forced, greedy call of ``exec_command`` with ``cmd``
+    fixed to ``pwd``; later ones are greedy (and end by themselves: the server runs with ``--stop-loops``)."""
+    body = dict(body, temperature=0)
+    if not any(i.get("type") == "function_call_output" for i in body.get("input", [])):
+        body["max_output_tokens"] = 48
+        body["tool_choice"] = {"type": "function", "name": "exec_command"}
+        for t in body.get("tools", []):
+            if t.get("name") == "exec_command":
+                t["parameters"] = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["pwd"]}},
+                                   "required": ["cmd"], "additionalProperties": False}
+    return body
 
 
 def test_a_forced_tool_call_reaches_codex_and_its_output_comes_back(codex, server, tmp_path):
-    url, log = server
-    proxy = ForcingProxy(url)
+    proxy = RewritingProxy(server.url, force_exec_command)
     try:
         r = run_codex(codex, codex_home(tmp_path, proxy.url), tmp_path / "work", "Which folder am I in?")
     finally:
         proxy.close()
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], log.read_text()[-2000:])
-    assert len(proxy.requests) >= 2, proxy.streams
-    first = proxy.streams[0]
-    assert '"type":"response.function_call_arguments.done"' in first and '"name":"exec_command"' in first
-    assert '"type":"response.completed"' in first
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], server.log_text()[-2000:])
+    assert len(proxy.requests) >= 2, proxy.responses
+    first = [ev for _, ev in sse_events(proxy.responses[0])]
+    done = [ev for ev in first if ev["type"] == "response.function_call_arguments.done"]
+    assert done and done[0]["name"] == "exec_command" and first[-1]["type"] == "response.completed"
     # Codex ran the call and sent it back with its output (stateless: store false, the whole conversation)
-    second = proxy.requests[1]
+    second = proxy.requests[1][1]
     calls = [i for i in second["input"] if i.get("type") == "function_call"]
     outputs = [i for i in second["input"] if i.get("type") == "function_call_output"]
     assert calls and outputs and calls[0]["call_id"] == outputs[0]["call_id"], second["input"][-3:]
     assert json.loads(calls[0]["arguments"]) == {"cmd": "pwd"}
-    assert '"type":"response.completed"' in proxy.streams[1] or '"type":"response.incomplete"' in proxy.streams[1]
-    assert " 400 " not in log.read_text()
+    assert sse_events(proxy.responses[1])[-1][1]["type"] in ("response.completed", "response.incomplete")
+    assert " 400 " not in server.log_text()
