@@ -275,3 +275,42 @@ def test_serve_and_curl_examples(isolated_home, page):
         except subprocess.TimeoutExpired:
             proc.kill()
     assert proc.returncode == 0
+
+
+def client_table() -> dict[str, dict[str, str]]:
+    """The README's "Use it with…" table (after ``<!-- clients -->``): client → {command, tested, version}."""
+    text = README.read_text(encoding="utf-8").split("<!-- clients -->", 1)[1]
+    rows = {}
+    for line in text.strip().splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        client, command, tested, version = [c.strip() for c in line.strip("|").split("|")]
+        rows[client] = {"command": command.strip("`"), "tested": tested, "version": version}
+    return rows
+
+
+def test_the_clients_table_names_the_versions_the_tests_install():
+    """Each pinned version in the table is the one tests/clients installs (npm) or pyproject pins (PyPI)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "clients"))
+    from install import CLAUDE_CODE, CODEX
+
+    rows = client_table()
+    assert rows["Claude Code"]["version"] == CLAUDE_CODE[1] and rows["Codex CLI"]["version"] == CODEX[1]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'"ollama=={rows["Ollama Python client"]["version"]}"' in pyproject
+    assert f'"openai-agents=={rows["OpenAI Agents SDK"]["version"]}"' in pyproject
+    for test in ("test_claude_code.py", "test_codex.py", "test_ollama_client.py"):
+        assert (ROOT / "tests" / "clients" / test).is_file()
+
+
+@pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
+def test_each_launch_command_in_the_table_runs(isolated_home, client):
+    """The table's `localrun launch CLIENT` commands, as a dry run (what would start, and how the client is
+    pointed at the server); tests/test_launch.py runs Claude Code through it for real."""
+    commands = [r["command"] for r in client_table().values() if r["command"].startswith("localrun launch")]
+    assert f"localrun launch {client}" in commands
+    r = _run(f"localrun launch {client} --dry-run", isolated_home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "localrun serve" in r.stdout.replace("-m localrun serve", "localrun serve") and "client:" in r.stdout
