@@ -63,7 +63,8 @@ def register(app: typer.Typer) -> None:
         port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Server port (default 11500)."),
         n_ctx: Optional[int] = typer.Option(None, "--ctx", min=512,
                                             help="Context per sequence, tokens (default: what the client needs)."),
-        serve_arg: List[str] = typer.Option([], "--serve-arg", help="Extra argument for `localrun serve` (repeatable)."),
+        serve_arg: List[str] = typer.Option([], "--serve-arg",
+                                            help="Extra argument for `localrun serve` (repeatable)."),
         config: bool = typer.Option(False, "--config", help="Write the client's own configuration file."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run; run nothing."),
     ) -> None:
@@ -132,9 +133,9 @@ def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
         return {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": model_id,
                 "ANTHROPIC_SMALL_FAST_MODEL": model_id}, []
     if client == "codex":
-        provider = (f'{{name="localrun", base_url="{base}/v1", wire_api="responses", env_key="LOCALRUN_API_KEY"}}')
-        return {"LOCALRUN_API_KEY": key}, ["-c", "model_provider=localrun", "-c", f"model_providers.localrun={provider}",
-                                           "-m", model_id]
+        provider = f'{{name="localrun", base_url="{base}/v1", wire_api="responses", env_key="LOCALRUN_API_KEY"}}'
+        args = ["-c", "model_provider=localrun", "-c", f"model_providers.localrun={provider}", "-m", model_id]
+        return {"LOCALRUN_API_KEY": key}, args
     cfg = home / "launch" / "opencode.json"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(json.dumps(opencode_config(base, key, model_id), indent=2))
