@@ -12,7 +12,11 @@ import pytest
 
 from localrun.model.catalog import load_catalog
 
-PRESETS = ["laptop-16gb", "nvidia-12gb", "nvidia-24gb", "mac-36gb", "mac-128gb"]
+PRESETS = ["laptop-16gb", "nvidia-12gb", "nvidia-24gb", "mac-36gb", "mac-128gb",
+           # issue 30: AMD, Intel, APUs (the GTT pool), NVIDIA unified memory, a mixed-vendor box over Vulkan
+           "amd-24gb", "amd-16gb", "intel-arc-12gb", "strix-halo-128gb", "dgx-spark-128gb", "laptop-780m-32gb",
+           "jetson-orin-64gb", "nvidia-24gb+amd-16gb"]
+UNIFIED_128 = ("strix-halo-128gb", "dgx-spark-128gb")  # one pool of ≈ 96-118 GiB: a 70B runs on the GPU
 
 
 @pytest.mark.parametrize("entry", load_catalog(), ids=lambda e: e.name)
@@ -34,6 +38,9 @@ def test_fit_every_catalog_entry(entry, isolated_home, capsys):
                 assert plan["quant"] in entry.quants, preset
             assert plan["n_layers"] == entry.n_layer and plan["weights_bytes"] > 0, preset
         seen[preset] = plan["fits"]
+        if preset in UNIFIED_128 and plan["fits"] and entry.params_total < 80e9:
+            assert plan["n_gpu_layers"] == entry.n_layer + 1, (preset, plan["reasons"])  # all layers + output
+            assert "unified pool" in " ".join(plan["reasons"]), preset
     # the 128 GB Mac runs every catalog model
     assert seen["mac-128gb"], entry.name
     if entry.params_total < 4e9:

@@ -110,7 +110,8 @@ def test_one_shot_says_on_stderr_what_the_context_policy_dropped():
     long_prompt = "Remember this line. " * 150 + "What is the capital of Japan?"
     r = run("chat", "--ctx", "512", "--context-policy", "rolling", "--temp", "0", "-n", "8", stdin=long_prompt)
     assert r.returncode == 0, r.stderr
-    assert "note: context full: kept only the last" in r.stderr and "tokens of your message" in r.stderr
+    # what was dropped (not what was kept), said before the answer starts (issue 34)
+    assert "note: context full: dropped the first" in r.stderr and "tokens of your message" in r.stderr
     assert "note:" not in r.stdout and r.stdout.strip()
     r = run("chat", "--ctx", "512", "--context-policy", "stop", "--temp", "0", "-n", "8", stdin=long_prompt)
     assert r.returncode == 6 and "error: prompt is" in r.stderr and "Traceback" not in r.stderr

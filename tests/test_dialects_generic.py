@@ -75,8 +75,8 @@ def test_the_answer_streams_before_the_object_closes():
 def test_instructions_and_system_message():
     text = instructions([WEATHER, TIME])
     assert '"get_weather"' in text and '"tool_call"' in text and '"response"' in text
-    assert '"response"' not in instructions([WEATHER], required=True)
-    assert "`get_time`" in instructions([WEATHER, TIME], name="get_time")
+    # one wording for every tool_choice (the constraint narrows the reply), so the prompt prefix is shared
+    assert instructions([WEATHER, TIME], name="get_time") == instructions([WEATHER, TIME], required=True) == text
     assert '"tool_calls"' in instructions([WEATHER], parallel=True)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     got = add_system(msgs, "TOOLS")
@@ -238,10 +238,13 @@ def test_prepare_chat_uses_the_generic_format_on_a_template_without_tool_syntax(
     assert params.constraint.kind == "lark" and '"response"' in params.constraint.source
     (_, _, family, _), params = _prepare(st, msgs[1:], tool_choice={"type": "function",
                                                                    "function": {"name": "get_time"}})
-    assert st.engine.msgs[0]["role"] == "system" and "`get_time`" in st.engine.msgs[0]["content"]
+    assert st.engine.msgs[0]["role"] == "system" and st.engine.msgs[0]["content"] == sys_text.removeprefix(
+        "Be brief.\n\n")  # the same tool text as under "auto": the constraint alone names the tool
     assert '"response"' not in params.constraint.source and '"get_weather"' not in params.constraint.source
     (_, _, family, opts), params = _prepare(st, msgs, tool_choice="none")
-    assert opts.tools is None and params.constraint is None and st.engine.msgs == msgs
+    # "none": the tools stay described (the prefix the other turns share) and only an answer is allowed
+    assert opts.tool_choice == "none" and st.engine.msgs[0]["content"] == sys_text
+    assert '"response"' in params.constraint.source and '"tool_call"' not in params.constraint.source
 
 
 def test_prepare_chat_under_no_generic_tools_refuses_tools():

@@ -49,11 +49,14 @@ class Constraint:
     ``kind``: ``"json_schema"`` (``source`` a JSON Schema dict), ``"json_object"`` (any JSON object;
     ``source`` ignored), ``"regex"`` (``source`` a regex, Rust ``regex`` syntax), ``"lark"`` (llguidance's
     Lark dialect), ``"gbnf"`` (llama.cpp GBNF). ``param``: the request field it came from, named in errors.
+    ``strict``: OpenAI's ``strict: true`` (the schema was closed by ``constrain.strict_schema``); a reply cut
+    before the constraint completes then carries an error, not only ``finish_reason: length``.
     """
 
     kind: str
     source: str | dict | None = None
     param: str = ""
+    strict: bool = False
 
 
 @dataclass
@@ -155,7 +158,8 @@ class Stats:
 @dataclass
 class TokenLogprob:
     """One generated token's log-probability and the ``top`` alternatives (text, logprob), most likely
-    first; ``token_id``/``top_ids`` are the same tokens' ids."""
+    first; ``token_id``/``top_ids`` are the same tokens' ids, ``top_bytes`` their bytes (empty: not known),
+    which tell apart alternatives that are each part of a UTF-8 sequence (all shown as '\ufffd')."""
 
     token: str
     logprob: float
@@ -163,6 +167,7 @@ class TokenLogprob:
     top: list[tuple[str, float]] = field(default_factory=list)
     token_id: int | None = None
     top_ids: list[int] = field(default_factory=list)
+    top_bytes: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

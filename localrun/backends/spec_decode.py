@@ -49,6 +49,17 @@ SPEC_MODES = ("auto", "ngram", "draft", "off")
 DRAFT_MAX_DEFAULT = 16  # tokens per verify step at most (as llama-server's --draft-max; the controller picks below)
 
 
+def spec_mode_or_default(mode: str | None, draft_model: str | None) -> str:
+    """``--spec`` as given, else the default: ``off``, or ``auto`` when ``--draft-model`` names a draft model
+    (asking for one is asking for speculation). Off by default because it is not exact yet: a verify step's
+    batch shape (chosen from measured step times, so it varies run to run) can change llama.cpp's logits;
+    measured on Gemma-3 (CPU), a verify batch of two sequences x 4+ tokens moves the logits of the 4th
+    token on by ~0.5 nats, so repeated greedy requests could part (issue 34)."""
+    if mode is not None:
+        return mode
+    return "auto" if draft_model else "off"
+
+
 # ---------------------------------------------------------------------------------------------- prompt lookup
 class NgramDrafter:
     """Prompt lookup over one sequence's tokens (prompt, then output as it is accepted).

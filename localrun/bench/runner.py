@@ -39,7 +39,7 @@ class BenchOptions:
     calibrate: bool = False
     warmup: bool = True
     server_pid: int | None = None
-    spec_mode: str = "auto"  # speculative decoding in-process (llama.cpp): auto | ngram | draft | off
+    spec_mode: str = "off"  # speculative decoding in-process (llama.cpp): auto | ngram | draft | off (not exact yet)
     draft_model: str | None = None
     draft_max: int | None = None
     rpc: str | None = None  # RPC workers host:port,… for the in-process engine (backends/llamacpp/rpc.py)

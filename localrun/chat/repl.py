@@ -189,6 +189,7 @@ class Repl:
     def answer(self, text: str) -> None:
         s = self.session
         out = sys.stdout
+        s.on_notice = lambda note: self.con.print(f"[yellow]{note}[/]")  # what was dropped: before the answer
         try:
             if self.raw:
                 stream = s.complete(text)

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats
 from localrun.chat.thinking import ThinkingMeter, Thought, turn_setup
@@ -75,6 +75,8 @@ class ChatSession:
     reasoning_budget: int | None = None  # tokens of thinking per turn (/think budget N); None: no budget
     thought: Thought | None = None  # the thinking of the current / last turn (None: it did not think)
     kv_restored_tokens: int = 0  # tokens of KV the last load() restored (the saved ``FILE.kv``)
+    # called with what the context policy dropped, before the answer starts (None: it joins ``notices``)
+    on_notice: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         if self.context_policy not in CONTEXT_POLICIES:
@@ -144,16 +146,25 @@ class ChatSession:
                 over = n - budget
                 msgs[0] = Message(m.role, self.engine.detokenize(toks[over + 8:]))
                 n = self.prompt_tokens(sys_msgs + msgs)
-                self.notices.append(f"context full: kept only the last {len(toks) - over - 8} tokens of your message")
+                self._notice(f"context full: dropped the first {over + 8} of the {len(toks)} tokens of your "
+                             f"message (policy {self.context_policy}); the answer sees only its last "
+                             f"{len(toks) - over - 8}")
         if n > budget:
             raise ContextOverflowError(n, self.engine.n_ctx,
                                        hint="this message alone is longer than the context; raise --ctx or shorten it")
         if dropped:
-            self.notices.append(
+            self._notice(
                 f"context full: dropped the {dropped} oldest message(s) to fit {self.engine.n_ctx} tokens "
                 f"(policy {self.context_policy}; the system prompt is kept)"
             )
         return msgs
+
+    def _notice(self, text: str) -> None:
+        """What the context policy dropped: said at once (``on_notice``, before the answer), else kept."""
+        if self.on_notice is not None:
+            self.on_notice(text)
+        else:
+            self.notices.append(text)
 
     def send(self, text: str) -> Iterator[Piece]:
         """Add a user message and stream the answer as ``Piece``s. The turn (even a partial one) joins the

@@ -65,12 +65,14 @@ def register(app: typer.Typer) -> None:
         calibrate: bool = typer.Option(False, "--calibrate",
             help="Store this machine's measured bandwidth and compute for the planner (in-process)."),
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send one unmeasured request first."),
-        spec_mode: str = typer.Option("auto", "--spec", metavar="auto|ngram|draft|off",
-                                      help="Speculative decoding in-process (llama.cpp)."),
+        spec_mode: Optional[str] = typer.Option(None, "--spec", metavar="auto|ngram|draft|off",
+                                      help="Speculative decoding in-process (llama.cpp); off by default (auto with "
+                                           "--draft-model): not yet exact (a verify step's batch shape can "
+                                           "change the logits)."),
         draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
                                                   help="Draft model for --spec auto/draft (same vocabulary)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
-                                                help="Drafted tokens per verify step at most (default 8)."),
+                                                help="Drafted tokens per verify step at most (default 16)."),
         rpc: Optional[str] = typer.Option(None, "--rpc", metavar="HOST:PORT,…",
             help="RPC workers (`localrun worker`) to split the in-process model over, planned per device."),
         json_out: bool = typer.Option(False, "--json",
@@ -106,6 +108,9 @@ def register(app: typer.Typer) -> None:
         for name, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--price-kwh", price_kwh)):
             if v is not None and v <= 0:
                 raise ConfigError(f"{name} must be > 0, got {v}")
+        from localrun.backends.spec_decode import spec_mode_or_default
+
+        spec_mode = spec_mode_or_default(spec_mode, draft_model)
         opts = BenchOptions(model=model, url=url, model_name=model_name, api_key=api_key, endpoint=endpoint,
                             slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, price_kwh=price_kwh, n_ctx=ctx, n_threads=threads,
                             calibrate=calibrate, warmup=warmup, spec_mode=spec_mode, draft_model=draft_model,

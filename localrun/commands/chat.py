@@ -74,13 +74,14 @@ def register(app: typer.Typer) -> None:
             help="Thinking models: think before answering, or not (default: the template's; /think in chat)."),
         reasoning_budget: Optional[int] = typer.Option(None, "--reasoning-budget", min=0, metavar="N",
             help="Thinking models: at most N tokens of thinking, then the model answers (0: at once)."),
-        spec_mode: str = typer.Option("auto", "--spec", metavar="auto|ngram|draft|off",
+        spec_mode: Optional[str] = typer.Option(None, "--spec", metavar="auto|ngram|draft|off",
                                       help="Speculative decoding (llama.cpp): prompt lookup or a draft model, on "
-                                           "while it measures a speed-up; same text as without."),
+                                           "while it measures a speed-up. Off by default (auto with --draft-model): "
+                                           "not yet exact (a verify step's batch shape can change the logits)."),
         draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
                                                   help="A small model with the same vocabulary (--spec)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
-                                                help="Drafted tokens per verify step at most (default 8)."),
+                                                help="Drafted tokens per verify step at most (default 16)."),
         resume: Optional[Path] = typer.Option(None, "--resume", metavar="FILE",
             help="Continue the conversation saved in FILE (/save FILE: messages and KV cache, so no prefill) "
                  "and save it back there on exit; a FILE not there yet starts it."),
@@ -107,6 +108,9 @@ def register(app: typer.Typer) -> None:
         from localrun.backends import hardware_for
 
         hardware = hardware_for(rpc)
+        from localrun.backends.spec_decode import spec_mode_or_default
+
+        spec_mode = spec_mode_or_default(spec_mode, draft_model)
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
@@ -209,8 +213,10 @@ def _one_shot(session, text: str, raw: bool, verbose: bool, loaded, *, hide_thin
 
     if not text.strip():
         raise ConfigError("the prompt is empty", hint="pass --prompt TEXT or pipe text on stdin")
-    stream = session.complete(text) if raw else session.send(text.strip())
     err = stderr()
+    # what the context policy drops is said before the answer (the rest of the notices after it)
+    session.on_notice = lambda note: err.print(f"note: {note}", style="yellow")
+    stream = session.complete(text) if raw else session.send(text.strip())
     last = show_turn(session, stream, sys.stdout, lambda th: StderrThinking(err, th, hide=hide_thinking))
     if not raw or (last and not last.text.endswith("\n")):
         sys.stdout.write("\n")

@@ -77,7 +77,8 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
                 vram_b = hw.gpus[0].total_bytes if hw.gpus else 0
             hw.gpus = [GpuInfo(name=name, vendor="nvidia", backend="cuda", total_bytes=vram_b,
                                free_bytes=max(0, vram_b - (512 << 20)))] if vram_b else []
-        hw.label = (hw.label or "this machine") + f", GPU {name}" + (f" {vram}" if vram else "")
+        shown = name if "gpu" in name.lower().split() else f"GPU {name}"  # not "GPU GPU" when unnamed
+        hw.label = (hw.label or "this machine") + f", {shown}" + (f" {vram}" if vram else "")
     if disk:
         if disk not in ("nvme", "ssd", "hdd"):
             raise ConfigError(f"unknown disk kind {disk!r}", hint="use nvme, ssd or hdd")

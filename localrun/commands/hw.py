@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
                                         "other programs or the hypervisor took the CPU meanwhile."),
            forget: bool = typer.Option(False, "--forget", help="Delete the stored measurements: plan from "
                                        "the spec tables again.")) -> None:
-        """Show CPU, RAM, GPUs (VRAM, Apple unified memory) and the model disk."""
+        """Show CPU, RAM, GPUs (NVIDIA, AMD, Intel: VRAM or a unified pool; Apple unified memory), which llama.cpp
+        build would use each, and the model disk."""
         from localrun.machine.hardware import probe_hardware
         from localrun.render import print_json, stderr, stdout
 
@@ -26,19 +27,36 @@ def register(app: typer.Typer) -> None:
             stderr().print(f"forgot {', '.join(gone)}" if gone else "no measurements were stored", highlight=False)
             if not measure:
                 return
+        from localrun.machine.hardware import build_advice, fmt_bytes, installed_backends, llamacpp_devices
         from localrun.machine.rpc import RPC_REINSTALL, probe_rpc
 
         prof = probe_hardware()
         rpc = probe_rpc()
+        backends = installed_backends()
+        builds = [build_advice(g, backends) for g in prof.gpus]
+        devices = llamacpp_devices()  # what llama.cpp itself sees: the ground truth when present
         result = measure_llamacpp_cpu() if measure else None
         if json_out:
             d = prof.to_dict()
+            for g, b in zip(d["gpus"], builds):
+                g["llamacpp_build"] = b
+            d["llamacpp_backends"] = sorted(backends)
+            d["llamacpp_devices"] = devices
             d["rpc"] = rpc.to_dict()
             if result is not None:
                 d["measurement"] = result
             print_json(d)
         else:
             stdout().print(prof)
+            stdout().print("llama.cpp backends installed: " + (", ".join(sorted(backends)) or "none (llama-cpp-python "
+                           "is not installed)") + ("" if prof.gpus else "; no GPU found: CPU only"), highlight=False)
+            for g, b in zip(prof.gpus, builds):
+                if b:
+                    stdout().print(f"GPU {g.index} {g.name}: {b}", highlight=False)
+            if devices:
+                stdout().print("llama.cpp sees: " + "; ".join(
+                    f"{v['name']} ({v['description']}, {fmt_bytes(v['free_bytes'])} free of "
+                    f"{fmt_bytes(v['total_bytes'])})" for v in devices), highlight=False)
             stdout().print(f"RPC backend (localrun worker, llama.cpp --rpc): {rpc.detail}"
                            + ("" if rpc.available else f"; to add it: {RPC_REINSTALL}"), highlight=False)
             if result is not None:

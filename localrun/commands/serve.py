@@ -147,13 +147,15 @@ def register(app: typer.Typer) -> None:
                                                  help="Folder for the disk tier of KV snapshots (kept across "
                                                       "restarts; one subfolder per model)."),
         cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Disk budget of --cache-dir, per model."),
-        spec_mode: str = typer.Option("auto", "--spec", metavar="auto|ngram|draft|off",
+        spec_mode: Optional[str] = typer.Option(None, "--spec", metavar="auto|ngram|draft|off",
             help="Speculative decoding (llama.cpp): prompt lookup or a draft model, verified inside the batch; "
-                 "auto turns itself off where it would lose. Greedy output is the same either way."),
+                 "auto turns itself off where it would lose. Off by default (auto with --draft-model): not "
+                 "yet exact (a verify step's batch shape can change the logits, so repeated greedy requests "
+                 "could differ)."),
         draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
             help="A small model with the same vocabulary, drafting for the models that share it (--spec)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
-            help="Drafted tokens per verify step at most (default 8; the engine adapts below it)."),
+            help="Drafted tokens per verify step at most (default 16; the engine adapts below it)."),
         log_level: str = typer.Option("info", "--log-level", help="debug|info|warning|error."),
         rpc: Optional[str] = typer.Option(None, "--rpc", help="RPC workers host:port,… (`localrun worker`, "
             "llama.cpp rpc-server) to split the model over, planned per device; the model then runs in a runner "
@@ -191,7 +193,10 @@ def register(app: typer.Typer) -> None:
         residency = parse_residency(keep_alive, max_memory, max_vram, max_models, pin, load_timeout)
         kv_tiers = parse_kv_tiers(cache_ram, cache_dir, cache_disk)
         settings = get_settings(host=host, port=port, api_key=api_key)
+        from localrun.backends.spec_decode import spec_mode_or_default
         from localrun.server.spec_options import SpecOptions
+
+        spec_mode = spec_mode_or_default(spec_mode, draft_model)
 
         speculation = SpecOptions(spec_mode, draft_model, draft_max).check(settings.models_dir)
         check_bind(settings.host, settings.api_key, insecure)

@@ -109,10 +109,76 @@ def explain(c: Constraint, msg: str) -> ConstraintError:
                                "constrained decoding", keyword="format", path=path, param=c.param,
                                hint="use a 'pattern' instead, or one of the formats llguidance knows "
                                "(date-time, date, time, email, uri, uuid, ipv4, ipv6, hostname, ...)")
+    if isinstance(c.source, dict) and "regex" in msg:
+        bad = bad_pattern(c.source)
+        if bad is not None:
+            path, pat, why = bad
+            return ConstraintError(f"{where}: the pattern {pat!r} at {path} is not a valid regex: {why}",
+                                   keyword="pattern", path=path, param=c.param,
+                                   hint="patterns use Rust regex syntax (no look-around or back-references)")
     first = " ".join(msg.split())[:300] or "invalid"
     return ConstraintError(f"{where}: cannot enforce this {c.kind.replace('_', ' ')}: {first}", param=c.param,
                            hint="check the schema/regex/grammar; see llguidance's docs/json_schema.md and "
                            "docs/syntax.md for what it takes")
+
+
+def strict_schema(schema):
+    """OpenAI's ``strict: true`` on a ``json_schema``: every object is closed and every property required
+    (OpenAI Structured Outputs). → a copy of ``schema`` where each object subschema with ``properties``
+    gets ``additionalProperties: false`` (unless it already says false) and ``required`` = all of its
+    properties, so a small model cannot add keys until ``max_tokens``. An object that asks for more
+    (``additionalProperties`` true or a schema) is refused by OpenAI under ``strict``; here it is closed too,
+    as strict means. Data (enum/const/default/examples) is left as it is."""
+    if isinstance(schema, list):
+        return [strict_schema(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in _DATA_KEYS:
+            out[k] = v
+        elif k in _NAME_MAPS and isinstance(v, dict):
+            out[k] = {name: strict_schema(sub) for name, sub in v.items()}
+        elif isinstance(v, (dict, list)):
+            out[k] = strict_schema(v)
+        else:
+            out[k] = v
+    is_object = out.get("type") == "object" or (isinstance(out.get("type"), list) and "object" in out["type"])
+    if isinstance(out.get("properties"), dict) or (is_object and "additionalProperties" not in out):
+        props = out.get("properties") if isinstance(out.get("properties"), dict) else {}
+        out["additionalProperties"] = False
+        out["required"] = list(props)
+    return out
+
+
+def bad_pattern(schema) -> tuple[str, str, str] | None:
+    """The first ``pattern`` in ``schema`` (or ``patternProperties`` key) that is not a regex llguidance
+    takes (Rust ``regex`` syntax) → (JSON Pointer, the pattern, llguidance's reason); None when all are."""
+    M = llguidance().LLMatcher
+    found = [(p, "pattern") for p in keyword_paths(schema, "pattern")]
+    found += [(p, "patternProperties") for p in keyword_paths(schema, "patternProperties")]
+    for path, key in found:
+        node = _node(schema, path)
+        if not isinstance(node, dict):
+            continue
+        items = ([(f"{path}/pattern", node.get("pattern"))] if key == "pattern"
+                 else [(f"{path}/patternProperties/{_escape(k)}", k) for k in (node.get(key) or {})])
+        for where, pat in items:
+            if not isinstance(pat, str):
+                return where, repr(pat), "a pattern must be a string"
+            is_error, msgs = M.validate_grammar_with_warnings(M.grammar_from_regex(pat), None)
+            if is_error:
+                why = " ".join((msgs[0] if msgs else "invalid").split())
+                why = re.split(r" \d+ \| ", why.rsplit("error: ", 1)[-1])[0]  # the reason, not the echo
+                return where, pat, why[:200]
+    return None
+
+
+def _node(schema, pointer: str):
+    node = schema
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]:
+        node = node[int(part)] if isinstance(node, list) else node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def keyword_paths(schema, keyword: str, path: str = "") -> list[str]:

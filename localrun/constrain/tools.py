@@ -55,17 +55,25 @@ def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
 
 
 def generic_constraint(tools: list[dict], name: str | None = None, *, required: bool = False,
-                       parallel: bool = False, response: dict | None = None) -> Constraint:
+                       parallel: bool = False, response: dict | None = None, answer_only: bool = False) -> Constraint:
     """A ``Constraint`` (kind ``lark``) for the generic format's whole answer: one JSON object that calls
     ``name`` (or any tool in ``tools``), or, unless ``required`` or ``name``, answers
     ``{"response": ...}``: a string, or what ``response`` (a JSON Schema: the request's response format)
     allows. ``parallel``: calls as the ``tool_calls`` array (one or more), else one ``tool_call``. The
     layout is localrun's JSON layout (``JSON_OPTIONS``). The shape is llama.cpp's
     ``common_chat_params_init_generic`` without its model-written call ``id``s (localrun makes the ids).
+    ``answer_only`` (``tool_choice`` none): only the ``{"response": ...}`` object.
     Raises ConstraintError as ``tool_call_constraint`` does."""
+    if answer_only:
+        return Constraint("lark", f"start: reply\nreply: {_json(_answer_schema(response))}\n", param="tool_choice")
     fns = _functions(tools, name)
     return Constraint("lark", _generic_lark(fns, parallel, required=required or name is not None,
                                             response=response), param="tool_choice")
+
+
+def _answer_schema(response: dict | None) -> dict:
+    return {"type": "object", "properties": {"response": response or {"type": "string"}}, "required": ["response"],
+            "additionalProperties": False}
 
 
 def _functions(tools: list[dict], name: str | None) -> list[dict]:
@@ -92,9 +100,7 @@ def _generic_lark(fns: list[dict], parallel: bool, *, required: bool, response: 
     else:
         call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"],
                 "additionalProperties": False}
-    schema = call if required else {"anyOf": [call, {
-        "type": "object", "properties": {"response": response or {"type": "string"}}, "required": ["response"],
-        "additionalProperties": False}]}
+    schema = call if required else {"anyOf": [call, _answer_schema(response)]}
     return f"start: reply\nreply: {_json(schema)}\n"
 
 

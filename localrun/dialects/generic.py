@@ -40,9 +40,10 @@ def _dumps(value: object) -> str:
 
 def instructions(tools: list[dict], *, name: str | None = None, required: bool = False,
                  parallel: bool = False) -> str:
-    """The system text that describes ``tools`` (OpenAI tool definitions) and the reply format.
-    ``name``: the one tool to call (a named ``tool_choice``); ``required``: a call, no plain answer;
-    ``parallel``: the ``tool_calls`` array (one or more calls), else one ``tool_call``."""
+    """The system text that describes ``tools`` (OpenAI tool definitions) and the reply format: the same for
+    every ``tool_choice`` (``name``, ``required`` are enforced by the constraint, not said), so turns that
+    force a call and turns that do not share their prompt prefix. ``parallel``: the ``tool_calls`` array
+    (one or more calls), else one ``tool_call``."""
     fns = []
     for t in tools:
         f = t.get("function", t) if isinstance(t, dict) else {}
@@ -51,13 +52,11 @@ def instructions(tools: list[dict], *, name: str | None = None, required: bool =
     call = ('{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}, ...]}' if parallel
             else '{"tool_call": {"name": "<tool name>", "arguments": {<arguments>}}}')
     head = "You can call the following tools; each one's arguments follow its JSON Schema `parameters`:\n"
-    if name is not None:
-        how = f"Respond with one JSON object that calls the tool `{name}`: {call.replace('<tool name>', name)}"
-    elif required:
-        how = f"Respond with one JSON object that calls tools: {call}"
-    else:
-        how = (f"Respond with one JSON object, either {call} to call tools, or "
-               '{"response": "<your reply>"} to reply to the user directly.')
+    # One wording for every tool_choice: the grammar (constrain/tools.py generic_constraint) narrows the reply
+    # to a call, or to the named tool. The text sits near the top of the prompt, so a client that forces
+    # one turn's call (and not the next) keeps its prefix cache: the cut would otherwise fall here.
+    how = (f"Respond with one JSON object, either {call} to call tools, or "
+           '{"response": "<your reply>"} to reply to the user directly.')
     return head + json.dumps(fns, ensure_ascii=False, indent=2) + "\n\n" + how
 
 

@@ -31,8 +31,75 @@ ALIASES = {"8gb": "nvidia-8gb", "12gb": "nvidia-12gb", "16gb": "nvidia-16gb", "2
            "laptop": "laptop-16gb", "cpu-16gb": "laptop-16gb"}
 
 
+# AMD, Intel, APUs and NVIDIA unified-memory machines (issue 30), as the sysfs probes report them; the
+# recorded trees in tests/data/machines/ give the same numbers. name → a function building the profile
+_OTHER = ("amd-24gb", "amd-16gb", "intel-arc-12gb", "strix-halo-128gb", "dgx-spark-128gb", "laptop-780m-32gb",
+          "jetson-orin-64gb", "nvidia-24gb+amd-16gb")
+
+
 def preset_names() -> list[str]:
-    return [*_NVIDIA, *_MULTI, *_APPLE, "laptop-16gb"]
+    return [*_NVIDIA, *_MULTI, *_APPLE, "laptop-16gb", *_OTHER]
+
+
+def _dedicated(name: str, vendor: str, vram_gib: int, index: int = 0, arch: str | None = None,
+               backend: str = "vulkan") -> GpuInfo:
+    return GpuInfo(name=name, vendor=vendor, backend=backend, total_bytes=vram_gib * GiB,
+                   free_bytes=vram_gib * GiB - GiB // 2, index=index, memory_kind="dedicated",
+                   memory_note="VRAM", arch=arch)
+
+
+def _unified(name: str, vendor: str, ram: int, pool: int, backend: str, note: str, arch: str | None = None
+             ) -> GpuInfo:
+    """A GPU sharing ``ram`` bytes of RAM, its budget ``pool`` (the GTT rule, or RAM less the OS)."""
+    return GpuInfo(name=name, vendor=vendor, backend=backend, total_bytes=pool, free_bytes=min(pool, ram - 3 * GiB),
+                   unified=True, working_set_bytes=pool, memory_kind="unified", memory_note=note, arch=arch)
+
+
+def _other_preset(key: str, disk: DiskInfo) -> HardwareProfile:
+    from localrun.machine.hardware import OS_RESERVE_BYTES, unified_pool
+
+    zen = CpuInfo(model="AMD Ryzen (16 cores)", arch="x86_64", physical_cores=16, logical_cores=32,
+                  simd=["AVX", "AVX2", "FMA", "F16C", "AVX512F"])
+    arm = CpuInfo(model="Arm (20 cores)", arch="aarch64", physical_cores=20, logical_cores=20,
+                  simd=["NEON", "DOTPROD", "SVE"])
+    if key in ("amd-24gb", "amd-16gb", "intel-arc-12gb"):
+        gpu, ram = {"amd-24gb": (_dedicated("AMD Radeon RX 7900 XTX", "amd", 24, arch="gfx1100"), 64),
+                    "amd-16gb": (_dedicated("AMD Radeon RX 7800 XT", "amd", 16, arch="gfx1101"), 32),
+                    "intel-arc-12gb": (_dedicated("Intel Arc B580", "intel", 12), 32)}[key]
+        return HardwareProfile(cpu=_X86, ram_total_bytes=ram * GiB, ram_available_bytes=(ram - 3) * GiB, gpus=[gpu],
+                               disk=disk, os="Linux", label=f"{key}: {gpu.name} {gpu.total_bytes // GiB} GB "
+                               f"(Vulkan) + {ram} GB RAM")
+    if key == "nvidia-24gb+amd-16gb":
+        gpus = [_dedicated("NVIDIA GeForce RTX 4090", "nvidia", 24), _dedicated("AMD Radeon RX 7800 XT", "amd", 16,
+                                                                                 index=1, arch="gfx1101")]
+        gpus[1].free_bytes = 16 * GiB - GiB // 8  # the desktop's framebuffer sits on GPU 0
+        return HardwareProfile(cpu=_X86, ram_total_bytes=64 * GiB, ram_available_bytes=61 * GiB, gpus=gpus,
+                               disk=disk, os="Linux", label=f"{key}: RTX 4090 24 GB + RX 7800 XT 16 GB over Vulkan "
+                               "+ 64 GB RAM")
+    if key in ("strix-halo-128gb", "laptop-780m-32gb"):
+        # BIOS carve-out 512 MiB + GTT 96 GiB (ttm.pages_limit=25165824), or a 2 GiB carve-out + 16 GiB GTT:
+        # the OS sees RAM less the carve-out
+        ram_gib, carve, gtt, name, arch, cpu = {
+            "strix-halo-128gb": (128, GiB // 2, 96 * GiB, "AMD Radeon 8060S (Strix Halo)", "gfx1151", zen),
+            "laptop-780m-32gb": (32, 2 * GiB, 16 * GiB, "AMD Radeon 780M (Phoenix)", "gfx1103", _LAPTOP)}[key]
+        ram = ram_gib * GiB - carve
+        pool, _, how = unified_pool(gtt, 0, ram, ram - 3 * GiB)
+        gpu = _unified(name, "amd", ram, pool, "vulkan", how + f"; BIOS carve-out {carve / GiB:.1f} GiB not counted",
+                       arch=arch)
+        return HardwareProfile(cpu=cpu, ram_total_bytes=ram, ram_available_bytes=ram - 3 * GiB, gpus=[gpu], disk=disk,
+                               os="Linux", label=f"{key}: {name}, {ram_gib} GB shared (GTT {gtt // GiB} GB)")
+    if key in ("dgx-spark-128gb", "jetson-orin-64gb"):
+        # RAM the OS reports (MemTotal): GB10 127600748 kB (a DGX Spark owner's /proc/meminfo), Orin 64335836 kB
+        # (approximate: 64 GB less firmware carve-outs); tests/data/machines/SOURCES.md
+        ram, name = {"dgx-spark-128gb": (127600748 * 1024, "NVIDIA GB10"),
+                     "jetson-orin-64gb": (64335836 * 1024, "NVIDIA Jetson AGX Orin")}[key]
+        gpu = _unified(name, "nvidia", ram, ram - OS_RESERVE_BYTES, "cuda", "unified: /proc/meminfo, RAM less 4 GiB")
+        gpu.compute_capability = "12.1" if "GB10" in name else "8.7"
+        cpu = arm if "GB10" in name else CpuInfo(model="Arm Cortex-A78AE (12 cores)", arch="aarch64",
+                                                 physical_cores=12, logical_cores=12, simd=["NEON", "DOTPROD"])
+        return HardwareProfile(cpu=cpu, ram_total_bytes=ram, ram_available_bytes=ram - 3 * GiB, gpus=[gpu], disk=disk,
+                               os="Linux", label=f"{key}: {name}, {ram // GiB} GB unified memory")
+    raise AssertionError(key)
 
 
 def get_preset(name: str) -> HardwareProfile:
@@ -61,6 +128,8 @@ def get_preset(name: str) -> HardwareProfile:
                       unified=True, working_set_bytes=apple_working_set_bytes(ram * GiB))
         return HardwareProfile(cpu=cpu, ram_total_bytes=ram * GiB, ram_available_bytes=avail, gpus=[gpu],
                                disk=disk, os="Darwin", label=f"{key}: {chip} {ram} GB unified memory")
+    if key in _OTHER:
+        return _other_preset(key, disk)
     if key == "laptop-16gb":
         return HardwareProfile(cpu=_LAPTOP, ram_total_bytes=16 * GiB, ram_available_bytes=13 * GiB, gpus=[],
                                disk=DiskInfo("~/.localrun/models", 512 * GiB, 200 * GiB, "nvme"), os="Linux",

@@ -218,7 +218,8 @@ def render_chat(template: "ChatTemplate | None", model_path: str, messages: Sequ
         raise ChatTemplateError(
             f"{os.path.basename(model_path)} has no chat template (it is probably a base model, "
             "not an instruction-tuned one)",
-            hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
+            hint="complete plain text instead (`localrun chat --raw`; on a server /v1/completions, or /api/generate "
+                 "with \"raw\": true), or give the model a template (--chat-template chatml|llama3|gemma|FILE)")
     return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                            template_kwargs=template_kwargs)
 

@@ -296,8 +296,9 @@ def split_reason(plan: Plan, n_layer: int) -> str:
     n_on = sum(d["n_layers"] for d in used)
     split = ",".join(f"{c:g}" for c in (plan.tensor_split or []))
     how = "rows" if plan.split_mode == "row" else "layer"
+    ctx = "CUDA context and " if any(d.get("backend") == "cuda" for d in plan.devices) else ""
     return (f"{n_on} of {n_layer} layers split over {len(used)} GPUs by {how} (tensor_split {split}, in proportion "
-            f"to what each holds after its CUDA context and compute buffer): " + "; ".join(parts))
+            f"to what each holds after its {ctx}compute buffer): " + "; ".join(parts))
 
 
 def rope_scale_needed(n_ctx: int, n_ctx_train: int) -> float:
@@ -329,7 +330,8 @@ def _reasons(plan: Plan, spec, hw, gpu, ws, kv, tiers, unified: bool) -> list[st
         r.append("CPU only: " + ("no GPU on this machine" if not (hw and hw.gpus) else "no layers on the GPU"))
     else:
         k = len(ws.gpu_layers)
-        where = f"{gpu.name} ({'Metal working set' if unified else 'VRAM'} {_gib(plan.vram_budget_bytes)} usable)"
+        pool = ("Metal working set" if gpu.vendor == "apple" else "unified pool") if unified else "VRAM"
+        where = f"{gpu.name} ({pool} {_gib(plan.vram_budget_bytes)} usable)"
         if k == n_layer and ws.output_on_gpu:
             r.append(f"all {n_layer} layers + output on the GPU: {where}")
         else:

@@ -27,6 +27,14 @@ GPU_TABLE: dict[str, tuple[float, float]] = {
     "apple m3": (100, 4.1), "apple m3 pro": (150, 7.4), "apple m3 max": (400, 16.4), "apple m3 ultra": (819, 28),
     "tesla p40": (347, 12), "tesla p100": (732, 19), "v100": (900, 112),
     "apple m4": (120, 4.3), "apple m4 pro": (273, 9.2), "apple m4 max": (546, 18.4),
+    # AMD (amd.com product specs: memory bandwidth, peak FP16): RX 7800 XT 624 GB/s; Strix Halo's Radeon 8060S
+    # on 256-bit LPDDR5X-8000 ≈ 256 GB/s; the 780M on dual-channel DDR5-5600 89.6 GB/s
+    "rx 7900 xt": (800, 103), "rx 7800 xt": (624, 74), "rx 7600": (288, 43),
+    "radeon 8060s": (256, 59), "radeon 780m": (89.6, 8.9), "radeon 890m": (120, 11.9),
+    # Intel (intel.com Arc B580 spec: 456 GB/s, 192-bit GDDR6 19 Gbps); NVIDIA unified: DGX Spark (GB10,
+    # nvidia.com: 273 GB/s LPDDR5X), Jetson AGX Orin 64GB (nvidia.com: 204.8 GB/s LPDDR5)
+    "arc b580": (456, 58), "arc b570": (380, 50), "arc a770": (560, 39),
+    "gb10": (273, 62), "jetson agx orin": (204.8, 21),
 }
 GPU_DEFAULT = (400.0, 40.0)
 # host memory, GB/s
@@ -59,14 +67,18 @@ def gpu_tier(gpu) -> Tier:
 
 
 def cpu_tier(hw, measurement: dict | None = None) -> Tier:
-    """CPU/DRAM tier. Apple Silicon's CPU reads the same unified memory as its GPU (≈ 60% of it).
+    """CPU/DRAM tier. Apple Silicon's CPU reads the same unified memory as its GPU (≈ 60% of it); another
+    unified machine's CPU reads it as fast as its cores stream (``CPU_GBPS_PER_CORE`` each).
     ``hw`` None (no machine described): 20 GB/s, 100 GFLOP/s, unless ``measurement`` gives them."""
     if hw is None:
         tier = Tier("cpu", 20.0, 100.0)
         return _measured(tier, measurement) if measurement else tier
     apple = [g for g in hw.gpus if g.unified]
-    if apple:
+    if apple and apple[0].vendor == "apple":
         bw = gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"] * 0.6
+    elif apple:  # an APU / GB10 / Jetson: the CPU reads the same memory, as fast as its cores stream it
+        bw = min(gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"],
+                 CPU_GBPS_PER_CORE * max(1, hw.cpu.physical_cores))
     else:
         bw = min(MEMORY_TABLE["ddr5" if "AVX512F" in hw.cpu.simd else "ddr4"],
                  CPU_GBPS_PER_CORE * max(1, hw.cpu.physical_cores))

@@ -159,7 +159,12 @@ def _quoted_input(err: dict) -> str:
     """`` (got 'wizard')`` for a validation error on a short scalar value; empty for objects and long text."""
     if "input" not in err or isinstance(err["input"], (dict, list)):
         return ""
-    text = repr(err["input"])
+    import json
+
+    try:  # as the client wrote it: JSON's true / null / "text", not Python's True / None / 'text'
+        text = json.dumps(err["input"], ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(err["input"])
     return f" (got {text})" if len(text) <= 80 else f" (got {text[:77]}...)"
 
 

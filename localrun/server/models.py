@@ -119,6 +119,8 @@ class ModelRegistry:
         self.residency.check_next_to(name, planned)
         engine = self.loader.load(planned)
         mid = model_id or model_id_for(name, engine.model_path)
+        if model_id:  # serve --alias: the name keeps naming the model after an unload (/api/show, /api/chat)
+            self.names.alias(model_id, key)
         return self.adopt(engine, plan=planned.plan, hardware=planned.hardware, model_id=mid, owned=True,
                           pinned=pinned, planned=planned, load_s=time.perf_counter() - t0, key=key)
 

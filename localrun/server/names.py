@@ -31,6 +31,11 @@ class ModelNames:
         self._names: dict[str, str] = {}  # name → key (resolved before)
         self._missing: set[str] = set()
         self._fallback_logged: set[str] = set()
+        self._aliases: dict[str, str] = {}  # `serve --alias NAME` → key, known while the model is unloaded too
+
+    def alias(self, name: str, key: str) -> None:
+        """``name`` (``serve --alias``) names ``key`` from now on, loaded or not (``/api/show`` as ``/api/chat``)."""
+        self._aliases[name] = self._aliases[f"{name}:latest"] = key
 
     async def resolve(self, name: str | None) -> str:
         """``name`` → the key (path) of the model it names (module docstring). Raises ModelNotFoundError."""
@@ -68,7 +73,7 @@ class ModelNames:
         for r in self.residents.values():
             if name in r.names():
                 return r.key
-        return self._names.get(name)
+        return self._aliases.get(name) or self._names.get(name)
 
     def resolve_sync(self, name: str | None) -> str:
         """``resolve`` without the fallback, on this thread (it may read the disk). Raises

@@ -115,7 +115,8 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
 
     ``messages``: dicts (role, content, tool_calls, tool_call_id, name, reasoning_content) or ``Message``s.
     ``tools``: OpenAI-shaped tool definitions (``{"type": "function", "function": {...}}``).
-    ``tool_choice``: "none" (tools are not offered), "auto"/None, "required" or
+    ``tool_choice``: "none" (tools are not offered; on the generic format they stay described and the
+    constraint allows only an answer), "auto"/None, "required" or
     ``{"type": "function", "function": {"name": N}}`` (both enforced by a constraint on the output).
     ``think``/``level``/``budget``: the reasoning control (module docstring); ``budget`` in tokens, None:
     the level's, else ``serve --reasoning-budget``. ``template_kwargs``: the client's own
@@ -124,7 +125,10 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
     Raises RequestError (unknown tool name, tools on a template without them under
     ``--no-generic-tools``), ChatTemplateError, ContextOverflowError."""
     family = family_of(st.engine.template_source)
-    tools, choice = _tool_setup(st, tools, tool_choice)
+    # the generic format under "none": the tools stay described (the prompt's prefix is the one the turns
+    # that may call share, so the KV cache holds) and the constraint allows only an answer
+    answer_only = tool_choice == "none" and bool(tools) and family.tools is None and generic_tools_on(st)
+    tools, choice = _tool_setup(st, tools, "auto" if answer_only else tool_choice)
     generic = tools is not None and family.tools is None and generic_tools_on(st)
     if generic:
         family = replace(family, tools="generic")
@@ -144,7 +148,7 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
         params.render_special = True  # the channel markers are the reply's structure
     if constrained:
         _tool_constraint(params, family, tools, choice, close_thinking=thinking and t.opened_by_template,
-                         parallel=parallel_tool_calls)
+                         parallel=parallel_tool_calls, answer_only=answer_only)
     msgs = _history(_history_family(family, st.engine.template_source), messages)
     if generic:
         from localrun.dialects.generic import add_system, instructions
@@ -161,7 +165,8 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
     text, tokens = await run_in_threadpool(work)
     st.check_fits(tokens)
     opts = ReplyOptions(thinking=thinking, raw_thinking=raw_thinking, tools=tools,
-                        tool_choice=choice if choice is not None else ("auto" if tools else None))
+                        tool_choice="none" if answer_only else choice if choice is not None
+                        else ("auto" if tools else None))
     return text, tokens, family, opts
 
 
@@ -237,7 +242,7 @@ def _budget_fields(params: SamplingParams, family: Family, *, think: bool | None
 
 
 def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], choice, *,
-                     close_thinking: bool, parallel: bool = False) -> None:
+                     close_thinking: bool, parallel: bool = False, answer_only: bool = False) -> None:
     """``params.constraint`` forcing one tool call in the family's syntax (``constrain.tool_call_constraint``,
     docs/architecture.md §2), or, for the generic family under ``tool_choice`` auto (``choice`` None), a
     call or a plain answer (``constrain.generic_constraint``; a JSON ``response_format`` becomes the
@@ -255,7 +260,7 @@ def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], 
                                "without tool syntax (the generic format's answer is JSON)", param="tools",
                                hint="use a JSON response_format, or send the request without tools")
         response = None if own is None else own.source if own.kind == "json_schema" else {"type": "object"}
-        c = generic_constraint(tools, parallel=parallel, response=response)
+        c = generic_constraint(tools, parallel=parallel, response=response, answer_only=answer_only)
     elif own is not None or params.grammar:
         raise RequestError("tool_choice 'required' or a named function cannot be combined with response_format",
                            param="tool_choice", hint="drop response_format, or use tool_choice 'auto'")

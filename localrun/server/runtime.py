@@ -28,6 +28,7 @@ from localrun.server.scheduler import Job, Scheduler
 
 MiB = 1024 * 1024
 MAX_JSON_DEPTH = 64  # nesting levels a request body may have (OpenAI/Ollama bodies need fewer than 10)
+MAX_INT_DIGITS = 4000  # digits an integer in a request body may have (under Python's own 4300-digit limit)
 _MAX_WARNED = 10_000  # (client, field) pairs remembered for the once-per-client unknown-field warning
 
 log = logging.getLogger("localrun.server")
@@ -291,6 +292,11 @@ class ServerState:
             raise RequestError(f"'{param}' must not be empty", param=param)
         if len(inputs) > 256:
             raise RequestError("at most 256 inputs per request", param=param)
+        for i, x in enumerate(inputs):  # as OpenAI: an empty input is a 400, not the BOS token's vector
+            if isinstance(x, (str, list)) and not x:
+                where = f"{param}[{i}]" if len(inputs) > 1 else param
+                raise RequestError(f"'{where}' is empty: there is nothing to embed (send at least one character "
+                                   "or token)", param=where)
         token_lists = []
         for x in inputs:
             if truncate and isinstance(x, str):
@@ -387,10 +393,17 @@ def parse_json_body(body: bytes) -> Any:
         bad.append(text)
         return _BadNumber(text)
 
+    def integer(text: str):
+        if len(text.lstrip("-")) <= MAX_INT_DIGITS:
+            return int(text)
+        bad.append(text)  # Python's own error here is a hint about sys.set_int_max_str_digits(), for its users
+        return _BadNumber(text, f"an integer of {len(text.lstrip('-'))} digits is out of range (at most "
+                                f"{MAX_INT_DIGITS} digits)")
+
     if _depth(body) > MAX_JSON_DEPTH:
         raise RequestError(f"the body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     try:
-        obj = json.loads(body, parse_constant=constant, parse_float=number)
+        obj = json.loads(body, parse_constant=constant, parse_float=number, parse_int=integer)
     except UnicodeDecodeError as e:
         raise RequestError(f"the body is not valid UTF-8 (byte {e.start}): send JSON as UTF-8 text",
                            code="invalid_json") from None
@@ -409,14 +422,14 @@ def parse_json_body(body: bytes) -> Any:
 class _BadNumber:
     """Stands in for ``NaN``/``Infinity``/``1e999`` while parsing, so the field holding it can be named."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    def __init__(self, text: str, why: str = "") -> None:
+        self.text, self.why = text, why
 
 
 def _first_bad_value(obj: Any, path: str) -> tuple[str | None, str]:
     """(dotted path, reason) of the first value that is not representable (see ``parse_json_body``)."""
     if isinstance(obj, _BadNumber):
-        return path, f"{obj.text} is not a JSON number (use a finite number)"
+        return path, obj.why or f"{obj.text} is not a JSON number (use a finite number)"
     if isinstance(obj, str):
         if _has_surrogate(obj):
             return path, "the text holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode"

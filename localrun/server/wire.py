@@ -71,7 +71,10 @@ class ChatMessageIn(WireModel):
             return v
         parts = []
         for part in v:
-            kind = part.get("type")
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind is None:
+                raise ValueError("a content part has no 'type': localrun serves text-only models (send text, "
+                                 "or parts such as {\"type\": \"text\", \"text\": \"...\"})")
             if kind != "text":
                 raise ValueError(f"content parts of type {kind!r} are not supported: localrun serves text-only "
                                  "models (send text, or parts of type 'text')")

@@ -12,8 +12,8 @@ prompt of about 12k tokens. It runs here with a scratch HOME (it reads no one's 
 2. Gemma-3-270M at 32k (``--chat-template gemma``, the agent-size prompt with Claude Code's own tools):
    Claude Code never sends ``tool_choice`` and a 270M base model will not call a tool unasked, so the test
    proxy (harness.RewritingProxy) forces its first turn to call ``Bash`` with ``command`` fixed to ``pwd``;
-   Claude Code runs it and sends the ``tool_result`` back under the same id; the proxy ends the last turn at
-   the first newline (a stop sequence), and Claude Code exits 0. The follow-up turn reuses the prompt's KV
+   Claude Code runs it and sends the ``tool_result`` back under the same id; the proxy makes the last turn a
+   short answer (``tool_choice`` none), and Claude Code prints it and exits 0. The follow-up turn reuses the prompt's KV
    cache (``cached_tokens``/``prompt_tokens`` ≥ 0.9 in the server's log).
 
 The model is tiny: the test judges statuses, the protocol and exit codes, not the answer.
@@ -95,7 +95,7 @@ def test_claude_print_streams_and_exits_0(claude, smollm_path, tmp_path):
 
 class ForceBash:
     """The proxy's rewrite: a first turn calls ``Bash`` with ``command`` = ``pwd`` (forced, greedy); the
-    turn after the tool result is greedy and ends at the first newline."""
+    turn after the tool result answers in at most 60 characters (``tool_choice`` none, a string schema)."""
 
     def __call__(self, path: str, body: dict) -> dict:
         if not path.startswith("/v1/messages") or "count_tokens" in path:
@@ -111,9 +111,11 @@ class ForceBash:
                 if t.get("name") == "Bash":
                     t["input_schema"] = {"type": "object", "required": ["command"], "additionalProperties": False,
                                          "properties": {"command": {"type": "string", "enum": ["pwd"]}}}
-        elif answered:
-            body["stop_sequences"] = ["\n"]
-            body["max_tokens"] = 48
+        elif answered:  # an answer, at most 60 characters, with the tools still described (the cached prefix)
+            body["tool_choice"] = {"type": "none"}
+            body["output_config"] = {"format": {"type": "json_schema", "schema": {"type": "string", "maxLength": 60}}}
+            body["max_tokens"] = 64
+            body.pop("thinking", None)
         return body
 
 
@@ -127,7 +129,8 @@ def test_claude_agent_prompt_with_a_forced_tool_round_trip(claude, gemma_path, t
     finally:
         proxy.close()
         srv.close()
-    detail = (r.stdout[-2000:], r.stderr[-2000:], log[-3000:])
+    (tmp_path / "requests.json").write_text(json.dumps(proxy.requests, indent=1))  # for a failure's post-mortem
+    detail = (r.stdout[-2000:], r.stderr[-2000:], log[-3000:], str(tmp_path / "requests.json"))
     assert r.returncode == 0, detail
     msgs = [(p, b) for p, b in proxy.requests if p.startswith("/v1/messages") and "count_tokens" not in p]
     assert all(p.endswith("?beta=true") for p, _ in msgs)  # Claude Code's beta query string is served

@@ -290,4 +290,5 @@ class BatchStep:
             top=[(self.detokenize([t]), v) for t, v in top],
             token_id=tok,
             top_ids=[t for t, _ in top],
+            top_bytes=[list(self.token_bytes(t, True)) for t, _ in top],
         )

@@ -181,7 +181,10 @@ def sampling_from_anthropic(req, *, stop_loops: bool = False) -> SamplingParams:
             setattr(p, name, v)
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is not None:
+        from localrun.constrain import check
+
         p.constraint = Constraint("json_schema", fmt.schema_, "output_config.format.schema")
+        check(p.constraint)  # what cannot be enforced (an invalid pattern: its JSON Pointer) is a 400 here
     return p
 
 

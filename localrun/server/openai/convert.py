@@ -42,7 +42,8 @@ def constraint_for(req) -> tuple[Constraint | None, str | None]:
     llama.cpp's grammar sampler, llama.cpp backend only), localrun's ``regex``. Checked here, so what cannot
     be enforced is a 400 before anything runs (``ConstraintError``: keyword and JSON Pointer).
 
-    ``strict`` does not change enforcement: a schema is always enforced exactly or refused.
+    A schema is always enforced exactly or refused; ``strict: true`` also closes every object and requires
+    every property (OpenAI's Structured Outputs, ``constrain.grammar.strict_schema``).
     Raises RequestError when two are given or a json_schema has no schema, ConstraintError."""
     from localrun.constrain import check, gbnf_to_lark
     from localrun.errors import ConstraintError
@@ -85,6 +86,11 @@ def _response_format_constraint(rf) -> Constraint:
         raise RequestError("response_format json_schema needs json_schema.schema",
                            param="response_format.json_schema",
                            hint='send {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+    if js.strict:  # OpenAI Structured Outputs: every object closed, every property required
+        from localrun.constrain.grammar import strict_schema
+
+        return Constraint("json_schema", strict_schema(js.schema_), param="response_format.json_schema.schema",
+                          strict=True)
     return Constraint("json_schema", js.schema_, param="response_format.json_schema.schema")
 
 
@@ -92,9 +98,14 @@ def _logit_bias(raw: dict | None) -> dict[int, float]:
     out = {}
     for k, v in (raw or {}).items():
         try:
-            out[int(k)] = max(-100.0, min(100.0, float(v)))
+            tok = int(k)
         except (TypeError, ValueError):
             raise RequestError(f"logit_bias key {k!r} is not a token id", param="logit_bias") from None
+        bias = float(v)
+        if not -100.0 <= bias <= 100.0:  # OpenAI's range; a value beyond it was clamped silently before
+            raise RequestError(f"logit_bias[{k!r}] is {v!r}: a bias must be between -100 and 100 "
+                               "(-100 bans the token, 100 all but forces it)", param=f"logit_bias.{k}")
+        out[tok] = bias
     return out
 
 
@@ -146,13 +157,34 @@ def chat_logprobs(lps: Sequence[TokenLogprob]) -> dict:
 
 
 def completion_logprobs(lps: Sequence[TokenLogprob], text_offset0: int = 0) -> dict:
-    """Engine logprobs → legacy completions ``logprobs`` (parallel lists)."""
+    """Engine logprobs → legacy completions ``logprobs`` (parallel lists). A token that is only part of a
+    UTF-8 sequence is written as OpenAI writes it, ``bytes:\\xe2\\x80``, so each token keeps its own entry
+    (as '\ufffd' several alternatives would collapse into one key of ``top_logprobs``)."""
     offsets, off = [], text_offset0
     for t in lps:
         offsets.append(off)
         off += len(t.token)
-    return {"tokens": [t.token for t in lps], "token_logprobs": [t.logprob for t in lps],
-            "top_logprobs": [dict(t.top) for t in lps], "text_offset": offsets}
+    tops = []
+    for t in lps:
+        top: dict[str, float] = {}
+        for i, (text, v) in enumerate(t.top):
+            key = _legacy_token(text, t.top_bytes[i] if i < len(t.top_bytes) else None)
+            if key in top and i < len(t.top_ids):  # still the same text: the token id tells them apart
+                key = f"{key} (token {t.top_ids[i]})"
+            top[key] = v
+        tops.append(top)
+    return {"tokens": [_legacy_token(t.token, t.bytes) for t in lps], "token_logprobs": [t.logprob for t in lps],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+def _legacy_token(text: str, raw: list[int] | None) -> str:
+    """A token's text for the legacy logprobs: ``bytes:\\x..`` when its bytes are not UTF-8 on their own."""
+    if raw is None or "\ufffd" not in text:
+        return text
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish: str, stats: Stats | None,
@@ -171,6 +203,20 @@ def chat_response(rid: str, created: int, model: str, text: str, finish: str, st
             "choices": [{"index": 0, "message": msg, "finish_reason": finish_reason(finish),
                          "logprobs": chat_logprobs(logprobs) if logprobs is not None else None}],
             "usage": usage(stats, reasoning_tokens)}
+
+
+def mark_incomplete(body: dict, params: SamplingParams, finish: str | None) -> dict:
+    """A reply (``chat.completion``, ``text_completion`` or one of their chunks) cut by ``max_tokens`` or
+    the context (``finish_reason: length``) before a ``strict`` constraint completed: its choice gets an
+    ``error`` saying the output does not match the schema, so a client never takes it for valid JSON
+    silently. Other constraints say so by ``finish_reason: length`` alone (as OpenAI)."""
+    c = params.constraint
+    if c is not None and c.strict and finish_reason(finish) == "length" and body.get("choices"):
+        body["choices"][0]["error"] = {
+            "message": f"the output was cut by the token limit ({finish}) before it completed the strict "
+                       f"{c.kind.replace('_', ' ')} in {c.param}: it does not validate; raise max_tokens",
+            "type": "invalid_response_error", "code": "incomplete_structured_output", "param": c.param}
+    return body
 
 
 def openai_tool_call(call_id: str, name: str, arguments: str) -> dict:

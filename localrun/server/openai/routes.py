@@ -61,13 +61,15 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             f = r.finish
             st.note(request, f.stats, f.reason, prompt)
             calls = [cv.openai_tool_call(c.id, c.name, c.arguments) for c in r.tool_calls] or None
-            return cv.chat_response(rid, created, st.model_id, r.content, f.reason, f.stats,
-                                    r.logprobs if top is not None else None, calls, thinking=r.thinking,
-                                    reasoning_tokens=f.reasoning_tokens)
+            return cv.mark_incomplete(cv.chat_response(rid, created, st.model_id, r.content, f.reason, f.stats,
+                                                       r.logprobs if top is not None else None, calls,
+                                                       thinking=r.thinking, reasoning_tokens=f.reasoning_tokens),
+                                      params, f.reason)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(delta: dict, finish: str | None = None, logprobs=None) -> str:
-            c = cv.chat_chunk(rid, created, st.model_id, delta, finish, logprobs=logprobs)
+            c = cv.mark_incomplete(cv.chat_chunk(rid, created, st.model_id, delta, finish, logprobs=logprobs),
+                                   params, finish)
             if include_usage:  # OpenAI: with include_usage every other chunk carries "usage": null
                 c["usage"] = None
             return cv.sse(c)
@@ -123,11 +125,14 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             text, last, lps = await st.collect(request, job)
             st.note(request, last.stats, last.finish_reason, log_prompt)
             lp = cv.completion_logprobs(lps, len(echo)) if req.logprobs is not None else None
-            return cv.completion_response(rid, created, st.model_id, echo + text, last.finish_reason, last.stats, lp)
+            return cv.mark_incomplete(cv.completion_response(rid, created, st.model_id, echo + text,
+                                                             last.finish_reason, last.stats, lp),
+                                      params, last.finish_reason)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def piece(text: str, finish: str | None, lp=None) -> str:
-            c = cv.completion_response(rid, created, st.model_id, text, finish, None, lp)
+            c = cv.mark_incomplete(cv.completion_response(rid, created, st.model_id, text, finish, None, lp),
+                                   params, finish)
             if include_usage:  # OpenAI: with include_usage every other chunk carries "usage": null
                 c["usage"] = None
             return cv.sse(c)

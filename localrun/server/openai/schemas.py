@@ -109,6 +109,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[int]]
+    response_format: ResponseFormat | None = None  # applied as on chat (convert.constraint_for)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     echo: StrictBool = False
     suffix: str | None = None

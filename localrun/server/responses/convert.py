@@ -322,7 +322,12 @@ def format_constraint(fmt) -> Constraint | None:
         if fmt.schema_ is None:
             raise RequestError("text.format json_schema needs 'schema'", param="text.format.schema",
                                hint='send {"type": "json_schema", "name": ..., "schema": {...}}')
-        c = Constraint("json_schema", fmt.schema_, param="text.format.schema")
+        if fmt.strict:  # OpenAI Structured Outputs: every object closed, every property required
+            from localrun.constrain.grammar import strict_schema
+
+            c = Constraint("json_schema", strict_schema(fmt.schema_), param="text.format.schema", strict=True)
+        else:
+            c = Constraint("json_schema", fmt.schema_, param="text.format.schema")
     check(c)
     return c
 
