@@ -249,8 +249,8 @@ def test_serve_rpc_survives_a_worker_killed_mid_stream(smollm_path, tmp_path):
         time.sleep(3.0)  # generating by now (no timing is asserted: the request just must not be done)
         assert t.is_alive()
         w2.send_signal(signal.SIGKILL)
-        t.join(10)
-        assert not t.is_alive(), "the cut request did not end within 10 s"
+        t.join(300)  # liveness only: the cut request must end (with a 503), not hang until its own timeout
+        assert not t.is_alive(), "the cut request did not end"
         assert out["r"].status_code == 503 and out["r"].json()["error"]["code"] == "rpc_worker_lost"
         assert server.poll() is None
     finally:
@@ -318,7 +318,7 @@ def test_front_turns_its_runner_dying_into_errors_and_restarts_it(smollm_path):
         assert "error" in events[-1] and all("error" not in e for e in events[:-1]), events[-2:]
         code, health = _health(srv.url)
         assert code == 503 and health["status"] == "unhealthy", health
-        r = httpx.post(f"{srv.url}/api/generate", json={"prompt": "hi", "stream": False}, timeout=10)
+        r = httpx.post(f"{srv.url}/api/generate", json={"prompt": "hi", "stream": False}, timeout=120)
         assert r.status_code == 503 and "unavailable" in r.json()["error"]  # in Ollama's shape
         for _ in range(20):
             if ep in _health(srv.url)[1]["reason"]:
