@@ -31,7 +31,7 @@ ALIASES = {"8gb": "nvidia-8gb", "12gb": "nvidia-12gb", "16gb": "nvidia-16gb", "2
            "laptop": "laptop-16gb", "cpu-16gb": "laptop-16gb"}
 
 
-# AMD, Intel, APUs and NVIDIA unified-memory machines (issue 30), as the sysfs probes report them; the
+# AMD, Intel, APUs and NVIDIA unified-memory machines, as the sysfs probes report them; the
 # recorded trees in tests/data/machines/ give the same numbers. name → a function building the profile
 _OTHER = ("amd-24gb", "amd-16gb", "intel-arc-12gb", "strix-halo-128gb", "dgx-spark-128gb", "laptop-780m-32gb",
           "jetson-orin-64gb", "nvidia-24gb+amd-16gb")
@@ -56,7 +56,7 @@ def _unified(name: str, vendor: str, ram: int, pool: int, backend: str, note: st
 
 
 def _other_preset(key: str, disk: DiskInfo) -> HardwareProfile:
-    from localrun.machine.hardware import OS_RESERVE_BYTES, unified_pool
+    from localrun.machine.gpus_linux import OS_RESERVE_BYTES, unified_pool
 
     zen = CpuInfo(model="AMD Ryzen (16 cores)", arch="x86_64", physical_cores=16, logical_cores=32,
                   simd=["AVX", "AVX2", "FMA", "F16C", "AVX512F"])
