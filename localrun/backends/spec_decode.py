@@ -54,7 +54,7 @@ def spec_mode_or_default(mode: str | None, draft_model: str | None) -> str:
     (asking for one is asking for speculation). Off by default because it is not exact yet: a verify step's
     batch shape (chosen from measured step times, so it varies run to run) can change llama.cpp's logits;
     measured on Gemma-3 (CPU), a verify batch of two sequences x 4+ tokens moves the logits of the 4th
-    token on by ~0.5 nats, so repeated greedy requests could part (issue 34)."""
+    token on by ~0.5 nats, so repeated greedy requests could part (docs/chat.md, "Not exact yet")."""
     if mode is not None:
         return mode
     return "auto" if draft_model else "off"

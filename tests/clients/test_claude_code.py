@@ -101,21 +101,20 @@ class ForceBash:
         if not path.startswith("/v1/messages") or "count_tokens" in path:
             return body
         body = dict(body, temperature=0)
+        body.pop("thinking", None)
+        for t in body.get("tools", []):  # every turn alike: the tools' text is part of the cached prefix
+            if t.get("name") == "Bash":
+                t["input_schema"] = {"type": "object", "required": ["command"], "additionalProperties": False,
+                                     "properties": {"command": {"type": "string", "enum": ["pwd"]}}}
         answered = any(isinstance(b, dict) and b.get("type") == "tool_result"
                        for m in body.get("messages", []) if isinstance(m.get("content"), list) for b in m["content"])
         if not answered and any(t.get("name") == "Bash" for t in body.get("tools", [])):
             body["tool_choice"] = {"type": "tool", "name": "Bash"}
             body["max_tokens"] = 64
-            body.pop("thinking", None)
-            for t in body["tools"]:
-                if t.get("name") == "Bash":
-                    t["input_schema"] = {"type": "object", "required": ["command"], "additionalProperties": False,
-                                         "properties": {"command": {"type": "string", "enum": ["pwd"]}}}
         elif answered:  # an answer, at most 60 characters, with the tools still described (the cached prefix)
             body["tool_choice"] = {"type": "none"}
             body["output_config"] = {"format": {"type": "json_schema", "schema": {"type": "string", "maxLength": 60}}}
             body["max_tokens"] = 64
-            body.pop("thinking", None)
         return body
 
 
