@@ -268,8 +268,15 @@ def test_ollama_routes(served, http):
     wire = [{"role": "system", "content": INJECT}, {"role": "user", "content": INJECT},
             {"role": "assistant", "content": INJECT}, {"role": "tool", "content": INJECT},
             {"role": "user", "content": "y" + INJECT}]
-    msgs = [Message(m["role"], m["content"]) for m in wire]
-    want = engine.tokenize_chat(msgs)[1]
+    # SmolLM2's template has no tool syntax: the tool turn is rendered as the generic format's text
+    # (dialects/generic.py), as the server does for every template without tool syntax
+    from dataclasses import replace
+
+    from localrun.dialects.history import messages_for_template
+    from localrun.server.reply import family_of
+
+    family = replace(family_of(engine.template_source), tools="generic")
+    want = engine.tokenize_chat(messages_for_template([dict(m) for m in wire], family))[1]
     r = http.post("/api/chat", json={"messages": wire, "stream": False, "options": {"num_predict": 1}})
     assert r.status_code == 200, r.text
     assert _prefilled(engine, len(want)) == want
