@@ -30,7 +30,8 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    """A llama-server process: ``-np 1`` with ``--cache-ram`` and ``--slot-save-path``; ``stop`` ends it."""
+    """A llama-server process: ``-np 1`` with ``--cache-ram`` and ``--slot-save-path`` (``--no-repack`` where the
+    CPU advertises AMX, as localrun); ``stop`` ends it."""
 
     def __init__(self, binary: str, model: Path, n_ctx: int, threads: int, slot_dir: Path, log: Path):
         self.binary, self.model, self.n_ctx, self.threads, self.slot_dir, self.log = \
@@ -46,6 +47,10 @@ class LlamaServer:
         cmd = [self.binary, "-m", str(self.model), "-c", str(self.n_ctx), "-np", "1", "-t", str(self.threads),
                "-tb", str(self.threads), "--host", "127.0.0.1", "--port", str(port), "--cache-ram", "4096",
                "--slot-save-path", str(self.slot_dir)]
+        from localrun.backends.llamacpp.lib import cpu_advertises_amx
+
+        if cpu_advertises_amx():  # llama.cpp's AMX kernels crash here (SIGSEGV at load); localrun turns them off
+            cmd.append("--no-repack")
         with open(self.log, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         t0 = time.monotonic()

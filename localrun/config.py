@@ -38,6 +38,26 @@ class Settings:
         return self.home / "measurements.json"
 
 
+def env_threads() -> int | None:
+    """CPU threads for llama.cpp where no ``--threads`` was given: ``LOCALRUN_THREADS`` (an integer ≥ 1, the
+    counterpart of llama-server's ``LLAMA_ARG_THREADS``), or None when it is unset (the caller's default, the
+    physical cores, applies). Several processes sharing a machine (test workers, two servers) set it so that
+    their threads together do not exceed the cores: ggml's threads wait for each other at every graph node,
+    and an oversubscribed core stalls all of them. Raises ConfigError for a value that is not an integer ≥ 1."""
+    raw = (os.environ.get("LOCALRUN_THREADS") or "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"LOCALRUN_THREADS={raw!r} is not a thread count",
+                          hint="set it to an integer ≥ 1 (CPU threads for llama.cpp), or unset it for the physical "
+                               "cores")
+    return n
+
+
 def get_settings(**overrides) -> Settings:
     """Resolve settings now. ``overrides`` are flag values (None = not given).
 

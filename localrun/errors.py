@@ -18,6 +18,7 @@ is shown only with ``LOCALRUN_DEBUG=1``. The HTTP server maps them to 4xx/5xx by
     ├── ConfigError                    exit 9   a bad flag value, env var or config file
     │   └── SizeError                  exit 9   a size that cannot be read (--vram 24: no unit)
     ├── ConstraintError                exit 9   a schema/regex/grammar constrained decoding cannot enforce
+    ├── ImageInputError                exit 9   an image that cannot be used (no projector, not decodable)
     └── DownloadError                  exit 10  pull failed (network, checksum, access, disk space)
 """
 
@@ -169,6 +170,18 @@ class ConstraintError(LocalrunError):
                          "JSON Schema subset is llguidance's (docs/json_schema.md in guidance-ai/llguidance)")
         self.keyword = keyword
         self.path = path
+        self.param = param
+
+
+class ImageInputError(LocalrunError):
+    """An image a request or prompt sent cannot be used: the model has no vision projector, the bytes do not
+    decode, it is too large, a URL that may not be fetched (HTTP 400). ``param``: the request part, e.g.
+    ``messages[0].content[1]``."""
+
+    exit_code = 9
+
+    def __init__(self, message: str, *, param: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
         self.param = param
 
 

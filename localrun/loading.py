@@ -43,17 +43,22 @@ class Prepared:
     spec_mode: str = "off"  # speculative decoding (llama.cpp, MLX): auto | ngram | draft | off
     draft_path: Path | None = None  # the draft model, its vocabulary checked against ``spec``
     draft_max: int | None = None
+    mmproj_path: Path | None = None  # the vision projector loaded with the model (images in), None: text only
+    mmproj_found: bool = False  # found beside the model (not --mmproj): a projector that does not load is skipped
 
 
 def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | None = None,
               n_parallel: int = 1, n_gpu_layers: int | None = None, kv_type: str | None = None,
               flash_attn: bool | None = None, n_threads: int | None = None, chat_template: str | None = None,
               force: bool = False, models_dir: Path | None = None, hardware=None, warn: bool = True,
-              spec_mode: str = "off", draft_model: str | None = None, draft_max: int | None = None) -> Prepared:
+              spec_mode: str = "off", draft_model: str | None = None, draft_max: int | None = None,
+              mmproj: str | None = None, no_mmproj_offload: bool = False) -> Prepared:
     """Resolve and plan MODEL without loading it (the server checks the plan's bytes against its residents
     first). ``hardware``: the profile to plan for (default: probe this machine). The plan's ``fits`` and
     ``reasons`` are not checked here (``offload.plan.check_fits``). ``warn``: print the plan's warnings on
     stderr. ``spec_mode``/``draft_model``/``draft_max``: speculative decoding (``load_model``), checked here.
+    ``mmproj``: the vision projector file (default: an ``mmproj-*.gguf`` beside a GGUF model, ``find_mmproj``);
+    ``no_mmproj_offload``: keep it on the CPU.
     Raises ModelNotFoundError, ModelFormatError/TruncatedModelError, ChatTemplateError,
     VocabularyMismatchError, LocalrunError (a bad --spec)."""
     from localrun.backends.choice import choose_backend
@@ -86,14 +91,45 @@ def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | Non
                 stderr().print(f"[yellow]warning:[/] {w}", highlight=False)
     else:  # an MLX model folder: no GGUF header to plan from
         plan = Plan(backend=backend, n_ctx=n_ctx or 4096, n_parallel=n_parallel, model=Path(path).name)
+    if not n_threads:
+        from localrun.config import env_threads
+
+        n_threads = env_threads()  # LOCALRUN_THREADS, where set, stands in for --threads
     if n_threads:
         plan.n_threads = plan.n_threads_batch = n_threads
     if draft_path and spec is not None:
         from localrun.offload.plan import add_draft_model
 
         add_draft_model(plan, read_gguf(draft_path))
+    mmproj_path = _mmproj_for(path, mmproj, backend)
+    if mmproj_path is not None and spec is not None:
+        from localrun.offload.plan import add_projector
+
+        plan.no_mmproj_offload = no_mmproj_offload
+        add_projector(plan, read_gguf(mmproj_path))
     return Prepared(Path(path), spec, plan, hw, backend, reason, template, force, spec_mode,
-                    Path(draft_path) if draft_path else None, draft_max)
+                    Path(draft_path) if draft_path else None, draft_max, mmproj_path, not mmproj)
+
+
+def find_mmproj(model_path) -> Path | None:
+    """The vision projector beside a GGUF model: the one ``mmproj-*.gguf`` (or ``*mmproj*.gguf``) in its
+    folder, as llama.cpp's and Hugging Face's repositories name it; None when there is none or several."""
+    p = Path(model_path)
+    if not p.is_file():
+        return None
+    found = sorted(f for f in p.parent.glob("*.gguf") if "mmproj" in f.name.lower() and f != p)
+    return found[0] if len(found) == 1 else None
+
+
+def _mmproj_for(path, mmproj: str | None, backend: str) -> Path | None:
+    """``--mmproj`` (must exist; ConfigError otherwise) or the one beside the model; llama.cpp only."""
+    from localrun.errors import ConfigError
+
+    if mmproj:
+        if not Path(mmproj).is_file():
+            raise ConfigError(f"--mmproj {mmproj}: no such file", hint="give the projector GGUF's path")
+        return Path(mmproj)
+    return find_mmproj(path) if backend == "llamacpp" else None
 
 
 def load_planned(prep: Prepared, status=None) -> Loaded:
@@ -108,6 +144,8 @@ def load_planned(prep: Prepared, status=None) -> Loaded:
         kwargs["spec"] = prep.spec
     if prep.backend == "mlx":
         kwargs.update(hardware=prep.hardware, force=prep.force)  # the MLX memory guardrail uses this probe
+    elif prep.mmproj_path is not None:
+        kwargs.update(mmproj=str(prep.mmproj_path), mmproj_optional=prep.mmproj_found)
     engine = load_engine(prep.path, plan, **kwargs)
     if prep.spec_mode != "off" and prep.backend in ("llamacpp", "mlx"):  # both engines: set_speculation
         if prep.draft_path:
@@ -124,7 +162,8 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
                n_parallel: int = 1, n_gpu_layers: int | None = None, kv_type: str | None = None,
                flash_attn: bool | None = None, n_threads: int | None = None, chat_template: str | None = None,
                force: bool = False, status=None, models_dir: Path | None = None, spec_mode: str = "off",
-               draft_model: str | None = None, draft_max: int | None = None, hardware=None) -> Loaded:
+               draft_model: str | None = None, draft_max: int | None = None, hardware=None,
+               mmproj: str | None = None, no_mmproj_offload: bool = False) -> Loaded:
     """Resolve, plan and load MODEL (``plan_load``, ``check_fits``, ``load_planned``). ``status(text)`` is
     called with progress messages. ``hardware``: the profile to plan for (default: probe this machine;
     ``--rpc`` adds the workers' devices, ``backends.hardware_with_workers``).
@@ -143,7 +182,8 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
     prep = plan_load(model, backend=backend, n_ctx=n_ctx, n_parallel=n_parallel, n_gpu_layers=n_gpu_layers,
                      kv_type=kv_type, flash_attn=flash_attn, n_threads=n_threads, chat_template=chat_template,
                      force=force, models_dir=models_dir, spec_mode=spec_mode, draft_model=draft_model,
-                     draft_max=draft_max, hardware=hardware)
+                     draft_max=draft_max, hardware=hardware, mmproj=mmproj,
+                     no_mmproj_offload=no_mmproj_offload)
     if prep.spec is not None:
         check_fits(prep.plan, force=force)
     return load_planned(prep, status)

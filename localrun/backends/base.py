@@ -31,6 +31,7 @@ class Message:
     content: str
     tool_calls: list[dict] | None = None  # OpenAI-shaped, passed to the chat template
     name: str | None = None
+    images: list | None = None  # backends.images.ImageInput, one per IMAGE_MARKER in content, in order
 
     def to_dict(self) -> dict:
         d: dict = {"role": self.role, "content": self.content}

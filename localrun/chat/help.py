@@ -11,6 +11,7 @@ Commands:
                      without one, off closes the thinking block at once)
   /think budget N    at most N tokens of thinking per answer, then it answers (0: at once;
                      /think budget off: no limit)
+  /image PATH        send this image with your next message (a model loaded with its projector)
   /save FILE         save the conversation as JSON
   /load FILE         load a conversation saved with /save
   /exit, /bye        leave (Ctrl-D too)

@@ -239,6 +239,12 @@ class Repl:
                 self.think(arg)
             elif cmd == "/stats":
                 self.show_stats()
+            elif cmd == "/image":
+                if not arg:
+                    self.con.print("usage: /image PATH", style="yellow")
+                else:
+                    n = s.attach_image(arg)
+                    self.con.print(f"{n} image{'s' if n > 1 else ''} attached to your next message", style="dim")
             elif cmd == "/save":
                 if not arg:
                     self.con.print("usage: /save FILE", style="yellow")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats
+from localrun.backends.images import IMAGE_MARKER
 from localrun.chat.thinking import ThinkingMeter, Thought, turn_setup
 from localrun.dialects import Delta, Family, ReplyParser, detect_family
 from localrun.dialects.history import messages_for_template
@@ -77,6 +78,7 @@ class ChatSession:
     kv_restored_tokens: int = 0  # tokens of KV the last load() restored (the saved ``FILE.kv``)
     # called with what the context policy dropped, before the answer starts (None: it joins ``notices``)
     on_notice: Callable[[str], None] | None = None
+    images: list = field(default_factory=list)  # backends.images.ImageInput for the next message (/image PATH)
 
     def __post_init__(self) -> None:
         if self.context_policy not in CONTEXT_POLICIES:
@@ -102,7 +104,8 @@ class ChatSession:
         """The prompt tokens of ``messages`` as the template shows them: earlier turns' thinking kept or
         dropped (``dialects.history``), ``kwargs`` (default: this session's /think setting) passed to it.
         Raises ChatTemplateError."""
-        msgs = messages_for_template([m.to_dict() for m in messages], self.family)
+        msgs = messages_for_template([m.to_dict() | ({"images": m.images} if m.images else {}) for m in messages],
+                                     self.family)
         kw = self._template_kwargs() if kwargs is None else kwargs
         return self.engine.tokenize_chat(msgs, template_kwargs=kw or None)[1]
 
@@ -174,7 +177,9 @@ class ChatSession:
         changes; ChatTemplateError when the model has no chat template.
         """
         self.notices.clear()
-        pending = self._fit(self.messages + [ChatMessage("user", text)])
+        user = ChatMessage("user", IMAGE_MARKER * len(self.images) + text, images=self.images or None)
+        self.images = []
+        pending = self._fit(self.messages + [user])
         self._end = threading.Event()
         setup = turn_setup(self.family, self.params, think=self.think, budget=self.reasoning_budget,
                            end_thinking=self._end)
@@ -254,6 +259,22 @@ class ChatSession:
             )
 
     # ------------------------------------------------------------------ commands
+    def attach_image(self, path: str | os.PathLike) -> int:
+        """/image PATH, --image PATH: the image goes with the next message (before its text) → how many are
+        attached. Raises ConfigError (unreadable file), ImageInputError (the model has no projector)."""
+        from localrun.backends.images import ImageInput, no_projector_error
+
+        if getattr(self.engine, "projector", None) is None:
+            raise no_projector_error(str(path))
+        p = Path(path).expanduser()
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cannot read the image {p}: {e.strerror or e}",
+                              hint="give an image file's path") from None
+        self.images.append(ImageInput(data, str(p)))
+        return len(self.images)
+
     def clear(self) -> None:
         self.messages.clear()
         self.last_stats = None
@@ -270,7 +291,8 @@ class ChatSession:
             "format": "localrun-chat/1",
             "model": self.engine.model_path,
             "system": self.system,
-            "messages": [m.to_dict() for m in self.messages],
+            "messages": [m.to_dict() | {"content": (m.content or "").replace(IMAGE_MARKER, "[image]")}
+                         for m in self.messages],  # images are not saved: their place is
         }
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:

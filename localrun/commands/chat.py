@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -87,6 +87,12 @@ def register(app: typer.Typer) -> None:
                  "and save it back there on exit; a FILE not there yet starts it."),
         hide_thinking: bool = typer.Option(False, "--hide-thinking",
             help="Do not show the thinking (only how long it took); -p never writes it to stdout."),
+        mmproj: Optional[Path] = typer.Option(None, "--mmproj", metavar="FILE",
+            help="Vision projector GGUF (images in; default: an mmproj-*.gguf beside the model)."),
+        no_mmproj_offload: bool = typer.Option(False, "--no-mmproj-offload",
+            help="Keep the vision projector on the CPU."),
+        image: List[Path] = typer.Option([], "--image", metavar="PATH",
+            help="An image sent with the -p prompt (repeatable; /image PATH in chat)."),
         rpc: Optional[str] = typer.Option(None, "--rpc", metavar="HOST:PORT,…",
             help="RPC workers (`localrun worker`) to split the model over, planned per device. llama.cpp ends "
                  "this process if a worker goes away mid-answer (serve --rpc survives it)."),
@@ -117,12 +123,14 @@ def register(app: typer.Typer) -> None:
                                     n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
                                     chat_template=chat_template, force=force,
                                     status=lambda t: st.update(t), spec_mode=spec_mode,
-                                    draft_model=draft_model, draft_max=draft_max, hardware=hardware)
+                                    draft_model=draft_model, draft_max=draft_max, hardware=hardware,
+                                    mmproj=str(mmproj) if mmproj else None, no_mmproj_offload=no_mmproj_offload)
         else:
             loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                                 kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force,
                                 spec_mode=spec_mode, draft_model=draft_model, draft_max=draft_max,
-                                hardware=hardware)
+                                hardware=hardware, mmproj=str(mmproj) if mmproj else None,
+                                no_mmproj_offload=no_mmproj_offload)
         engine = loaded.engine
         try:
             if not raw and not engine.has_chat_template:
@@ -139,6 +147,8 @@ def register(app: typer.Typer) -> None:
                                   think=think, reasoning_budget=reasoning_budget)
             if resume is not None:
                 _resume(session, resume, raw, err)
+            for path in image:
+                session.attach_image(path)
             try:
                 if not interactive:
                     text = prompt if prompt is not None else sys.stdin.read()

@@ -32,13 +32,16 @@ def register(app: typer.Typer) -> None:
         cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="The KV snapshots' disk tier folder "
                                                 "(serve --cache-dir)."),
         cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Its budget (serve --cache-disk)."),
+        mmproj: Optional[str] = typer.Option(None, "--mmproj", metavar="FILE", help="The vision projector to "
+                                             "count (default: an mmproj-*.gguf beside the model file)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Plan a model for this (or another) machine: quantization, GPU layers, context, KV type, memory
         per tier (VRAM, RAM, disk-backed pages) and predicted speed. Exit 0 when it fits, 1 when not."""
         code = run_fit(model, ctx=ctx, parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, vram=vram,
                        ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out, rpc=rpc,
-                       rpc_link=rpc_link, cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk)
+                       rpc_link=rpc_link, cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk,
+                       mmproj=mmproj)
         if code:
             raise SystemExit(code)  # click swallows typer.Exit when standalone_mode=False
 
@@ -89,11 +92,12 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
 
 def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
             disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None, cache_ram="auto",
-            cache_dir=None, cache_disk="8GiB") -> int:
+            cache_dir=None, cache_disk="8GiB", mmproj=None) -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
     whose devices join the split (``backends.hardware_with_workers``; BackendUnavailableError without the RPC
     build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
-    ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``)."""
+    ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``).
+    ``mmproj``: the vision projector counted with a model file (default: the one beside it)."""
     from localrun.errors import ConfigError
     from localrun.machine.measurements import planner_measurement
     from localrun.store.info import plan_model_here
@@ -123,6 +127,8 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
     meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
     title, chosen, plans = plan_model_here(model, hw, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
                                            flash_attn=flash_attn, goal=goal, measurement=meas)
+    if chosen is not None and chosen.source == "file":
+        _add_projector(model, chosen, mmproj)
     if chosen is not None and chosen.devices and chosen.source == "file" and (rpc or (detected and hw.gpus)):
         _measure_compute(model, chosen)  # the devices are real: llama.cpp's dry run sizes their compute buffers
     if json_out:
@@ -141,6 +147,19 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
     else:
         _render(title, hw, chosen, plans, tier_args)
     return 0 if chosen is not None else 1
+
+
+def _add_projector(model, plan, mmproj) -> None:
+    """Count the model file's vision projector in ``plan`` (``offload.plan.add_projector``): ``mmproj``, else
+    the ``mmproj-*.gguf`` beside the file; nothing without one."""
+    from localrun.loading import find_mmproj
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import add_projector
+    from localrun.store.resolve import resolve_model
+
+    path = mmproj or find_mmproj(resolve_model(model))
+    if path:
+        add_projector(plan, read_gguf(str(path)))
 
 
 def _measure_compute(model, plan) -> None:

@@ -7,6 +7,20 @@ from typing import Optional
 import typer
 
 
+def projector_facts(model_path) -> dict | None:
+    """The vision projector beside the model (``loading.find_mmproj``) → {path, projector_type, bytes
+    (its tensors: what clip.cpp loads)}, None without one."""
+    from localrun.loading import find_mmproj
+    from localrun.model.gguf_info import read_gguf
+
+    mm = find_mmproj(model_path)
+    if mm is None:
+        return None
+    spec = read_gguf(mm)
+    return {"path": str(mm), "projector_type": spec.meta(".projector_type") or spec.meta(".vision.projector_type"),
+            "bytes": int(spec.tensor_bytes)}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect(
@@ -34,6 +48,7 @@ def register(app: typer.Typer) -> None:
         info = spec.summary()
         caps = capabilities(spec, spec.chat_template)
         info["capabilities"] = caps.to_dict()
+        info["mmproj"] = projector_facts(path)
         if json_out:
             print_json(info)
             return
@@ -86,6 +101,9 @@ def register(app: typer.Typer) -> None:
                 "but fit/inspect work)",
             ),
         ]
+        mm = info["mmproj"]
+        rows.append(("vision projector", f"{mm['path']} ({mm['projector_type']}, {fmt_bytes(mm['bytes'])}): images in"
+                     if mm else "none (text only; serve/chat --mmproj FILE adds one)"))
         for k, v in rows:
             t.add_row(k, v)
         con.print(t)

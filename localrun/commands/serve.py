@@ -106,6 +106,13 @@ def register(app: typer.Typer) -> None:
         chat_template: Optional[str] = typer.Option(None, "--chat-template",
             help="chatml|llama3|gemma|mistral|phi3|FILE."),
         alias: Optional[str] = typer.Option(None, "--alias", help="Model id reported to clients (default: file name)."),
+        mmproj: Optional[Path] = typer.Option(None, "--mmproj", metavar="FILE",
+            help="Vision projector GGUF for the model named first (images in; default: an mmproj-*.gguf beside it)."),
+        no_mmproj_offload: bool = typer.Option(False, "--no-mmproj-offload",
+            help="Keep vision projectors on the CPU (default: on the GPU with the model's layers)."),
+        allow_image_urls: bool = typer.Option(False, "--allow-image-urls",
+            help="Fetch http(s) image URLs in requests (public hosts only, 20 MiB at most). Off: data: URLs and "
+                 "base64 only."),
         threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1,
             help="CPU threads (default: physical cores)."),
         force: bool = typer.Option(False, "--force", help="Load even when the plan says it does not fit."),
@@ -217,7 +224,8 @@ def register(app: typer.Typer) -> None:
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
                    stop_loops=stop_loops, reasoning_budget=reasoning_budget, generic_tools=generic_tools,
                    hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers,
-                   speculation=speculation, responses_db=responses_db)
+                   speculation=speculation, responses_db=responses_db, mmproj=mmproj,
+                   allow_image_urls=allow_image_urls, no_mmproj_offload=no_mmproj_offload)
 
 
 def parse_residency(keep_alive: list[str], max_memory: str | None, max_vram: str | None,
@@ -313,7 +321,8 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
                generic_tools: bool = True,
                kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None,
-               speculation=None, responses_db: Path | None = None) -> None:
+               speculation=None, responses_db: Path | None = None, mmproj: Path | None = None,
+               allow_image_urls: bool = False, no_mmproj_offload: bool = False) -> None:
     """``hardware``: the profile to plan for (default: probe this machine; ``--rpc``: with the workers);
     ``n_gpu_layers``: layer slots on the GPUs / RPC workers (None: the plan's); ``speculation``: a
     ``server.spec_options.SpecOptions`` (--spec/--draft-model/--draft-max; None: off)."""
@@ -333,6 +342,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     options.reasoning_budget = reasoning_budget
     options.generic_tools = generic_tools
     options.responses_db = responses_db
+    options.allow_image_urls = allow_image_urls
     residency = dict(residency or {})
     reg = make_registry(settings, options, parallel=parallel, ctx=ctx, backend=backend, kv_type=kv_type,
                         flash_attn=flash_attn, threads=threads, force=force, kv_tiers=kv_tiers, hardware=hardware,
@@ -345,6 +355,11 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
         # the models named at start-up, or (none named) the default one a request without `model` loads
         for name in (models + [p for p in pins if p not in models]) or [None]:
             reg.loader.set_template(resolve_model(name, settings.models_dir), chat_template)
+    reg.loader.no_mmproj_offload = no_mmproj_offload
+    if mmproj:
+        from localrun.store.resolve import resolve_model
+
+        reg.loader.set_mmproj(resolve_model((models + list(pins) + [None])[0], settings.models_dir), str(mmproj))
     for i, name in enumerate(models + [p for p in pins if p not in models]):
         st = reg.preload(name, model_id=alias if i == 0 and alias else None, pinned=name in pins)
         for w in getattr(st.options.plan, "warnings", None) or []:

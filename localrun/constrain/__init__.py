@@ -11,6 +11,7 @@ token, on both engines.
 * ``tools``: ``tool_call_constraint``: force a parseable tool call in a template family's syntax
   (``tool_choice: required`` / a named function); ``generic_constraint``: the generic format's whole
   answer (a tool call or a plain answer) for a template without tool syntax.
+* ``thinking``: ``after_thinking``: a response constraint behind a thinking model's thinking block.
 
 ``backends.control.build_control`` compiles a request's constraint with ``control.token_control``
 (importing it on the first constrained request); nothing here imports ``backends.control`` back.
@@ -19,8 +20,9 @@ llguidance is imported inside the functions that need it (a compiled extension).
 
 from localrun.constrain.control import GrammarControl, token_control
 from localrun.constrain.grammar import JSON_OPTIONS, check, compile_grammar, gbnf_to_lark
+from localrun.constrain.thinking import after_thinking
 from localrun.constrain.tools import generic_constraint, tool_call_constraint
 from localrun.constrain.vocab import tokenizer_for
 
-__all__ = ["GrammarControl", "JSON_OPTIONS", "check", "compile_grammar", "gbnf_to_lark", "token_control",
-           "generic_constraint", "tokenizer_for", "tool_call_constraint"]
+__all__ = ["after_thinking", "GrammarControl", "JSON_OPTIONS", "check", "compile_grammar", "gbnf_to_lark",
+           "token_control", "generic_constraint", "tokenizer_for", "tool_call_constraint"]

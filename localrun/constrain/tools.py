@@ -21,10 +21,10 @@ pieces; the reply parser reads the text either way).
 from __future__ import annotations
 
 import json
-import re
 
 from localrun.backends.base import Constraint
 from localrun.constrain.grammar import JSON_OPTIONS, check
+from localrun.constrain.thinking import thinking_prefix
 from localrun.errors import ConstraintError
 
 SYNTAXES = ("hermes", "llama3", "mistral", "deepseek", "harmony", "generic")
@@ -105,12 +105,8 @@ def _generic_lark(fns: list[dict], parallel: bool, *, required: bool, response: 
 
 
 def _with_thinking(body: str, t) -> str:
-    """``body`` (a Lark grammar with ``start``) preceded by the thinking block: the text up to and with the
-    first close marker (a lexeme that ends at it), then blank space. Required when the template opened the
-    block (the model is inside it), optional otherwise."""
-    close = re.escape(t.close).replace("/", "\\/")
-    think = f'THINK: /(?s:.*){close}/ & ~/(?s:.*{close}.+)/\nGAP: /[ \\t\\n]*/\n'
-    head = "THINK GAP" if t.opened_by_template else f"({json.dumps(t.open, ensure_ascii=False)} THINK GAP)?"
+    """``body`` (a Lark grammar with ``start``) preceded by the thinking block (``thinking.thinking_prefix``)."""
+    head, think = thinking_prefix(t)
     return body.replace("start:", f"start: {head} body\nbody:", 1) + think
 
 

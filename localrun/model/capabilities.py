@@ -7,8 +7,8 @@ header and a Jinja template instead of a Go template:
 
 - ``embedding`` when the header has ``{arch}.pooling_type`` (an embedding or reranking model), else
   ``completion``;
-- ``vision`` when the header has ``{arch}.vision.block_count`` (a vision tower in the file) — listed only
-  where the server takes images, which localrun does not (``vision_encoder`` keeps the header's fact);
+- ``vision`` when the loaded engine has a vision projector (``--mmproj``, or the ``mmproj-*.gguf`` beside
+  the model): it takes images; ``vision_encoder`` keeps the header's own fact (``{arch}.vision.block_count``);
 - ``tools`` when the template renders a ``tools`` list (``chat_template.template_supports_tools``), or when
   the server offers its generic tool format to any model with a chat template (``generic_tools``:
   ``ServeOptions.generic_tools``, off with ``serve --no-generic-tools``); ``localrun show``/``inspect`` say
@@ -109,11 +109,13 @@ def header_vision(header) -> bool:
     return bool(getattr(header, "vision", False))
 
 
-def capabilities(header, template_source: str | None, *, generic_tools: bool = False) -> Capabilities:
+def capabilities(header, template_source: str | None, *, generic_tools: bool = False,
+                 vision: bool = False) -> Capabilities:
     """``Capabilities`` of a model from its ``header`` (a GGUF ``ModelSpec``, an MLX ``FolderFacts``, or None)
     and the chat template the engine uses (``engine.template_source``; the header's own when not loaded;
     None: no template). ``generic_tools``: the server offers tools to templates without tool syntax
-    (its generic tool-call format). Never raises."""
+    (its generic tool-call format). ``vision``: the engine loaded a vision projector (it takes images).
+    Never raises."""
     from localrun.dialects.families import detect_family
     from localrun.model.chat_template import template_supports_tools
 
@@ -126,6 +128,6 @@ def capabilities(header, template_source: str | None, *, generic_tools: bool = F
     syntax = family.tools or ("generic" if tools and generic_tools else None)
     return Capabilities(completion=pooling is None, embedding=pooling is not None, tools=tools,
                         thinking=family.name if family.thinking is not None else None, tool_calls=syntax,
-                        family=family.name, vision=False,
+                        family=family.name, vision=vision,
                         vision_encoder=header_vision(header) if header is not None else False,
                         insert=False, chat_template=templated, pooling=pooling)

@@ -74,6 +74,9 @@ class Plan:
     devices: list[dict] = field(default_factory=list)  # several devices: DeviceUse.to_dict() each, bytes
     draft_bytes: int = 0  # speculative decoding's draft model: weights + KV + compute (add_draft_model)
     draft_on_gpu: bool = False  # all its layers on the GPU (else the CPU)
+    mmproj_bytes: int = 0  # the vision projector's weights (add_projector)
+    mmproj_on_gpu: bool = False
+    no_mmproj_offload: bool = False  # keep the projector on the CPU (llama-server's --no-mmproj-offload)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -424,4 +427,28 @@ def add_draft_model(plan: Plan, draft) -> Plan:
     if plan.ram_budget_bytes and plan.ram_anon_bytes > plan.ram_budget_bytes:
         plan.fits = False
         plan.reasons.append("the draft model does not fit next to the model: drop --draft-model")
+    return plan
+
+
+def add_projector(plan: Plan, proj) -> Plan:
+    """Add a vision projector (``proj``: the mmproj GGUF's ModelSpec) to ``plan``, in place: its weights,
+    the sum of its tensors' bytes (what tools/mtmd/clip.cpp ``clip_model_loader`` allocates and logs as
+    "model size"), on the GPU when the plan offloads layers and they fit in the VRAM left (llama-server's
+    ``--mmproj-offload`` default) unless ``plan.no_mmproj_offload``, else in RAM. Its compute buffer (one
+    image's graph) is not counted yet. Sets ``fits`` False when the RAM budget is then exceeded. Returns
+    ``plan``."""
+    plan.mmproj_bytes = int(proj.tensor_bytes)
+    free_vram = plan.vram_budget_bytes - plan.vram_bytes
+    if plan.n_gpu_layers != 0 and plan.vram_budget_bytes and plan.mmproj_bytes <= free_vram \
+            and not plan.no_mmproj_offload:
+        plan.mmproj_on_gpu = True
+        plan.vram_bytes += plan.mmproj_bytes
+        plan.reasons.append(f"vision projector on the GPU ({_gib(plan.mmproj_bytes)})")
+        return plan
+    plan.ram_bytes += plan.mmproj_bytes
+    plan.ram_anon_bytes += plan.mmproj_bytes
+    plan.reasons.append(f"vision projector in RAM ({_gib(plan.mmproj_bytes)})")
+    if plan.ram_budget_bytes and plan.ram_anon_bytes > plan.ram_budget_bytes:
+        plan.fits = False
+        plan.reasons.append("the vision projector does not fit next to the model")
     return plan

@@ -20,7 +20,8 @@ The routes are the wire formats' wings (``server/openai/``, ``server/ollama/``, 
 added by its ``register`` (``wings.register_all``: one line per wing in ``wings.WINGS``).
 
 ``GET /`` (and ``HEAD /``) answers ``Ollama is running`` as Ollama's root does, so clients that probe it
-connect. ``serve_forever`` runs the app under uvicorn and, on SIGINT/SIGTERM, ends every running
+connect; a browser's (``Accept`` prefers text/html) goes to the web page, ``/ui`` (``server/web/``).
+``serve_forever`` runs the app under uvicorn and, on SIGINT/SIGTERM, ends every running
 generation at once (``ServerState.shutdown``) so the process exits within about a second.
 """
 
@@ -43,7 +44,8 @@ from localrun.server.wings import endpoints, error_response, register_all
 log = logging.getLogger("localrun.server")
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "function-after", "function-before"}
-_OPEN_PATHS = {"/", "/health"}  # answered without the API key (probes)
+_OPEN_PATHS = {"/", "/health", "/ui"}  # answered without the API key (probes; the web page, which asks for it)
+_OPEN_PREFIXES = ("/ui/static/",)  # the web page's script and style files
 _CORE_PATHS = frozenset({"/", "/health", "/metrics"})  # counted by name, with each wing's ENDPOINTS
 
 
@@ -122,10 +124,16 @@ def create_app(engine: Engine | None, settings, options: ServeOptions | None = N
         log.exception("unhandled error on %s", request.url.path)
         return _err(request, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", etype="server_error"))
 
-    @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> Response:
-        """Ollama's root answer: clients (Open WebUI, ollama-python) probe it to see a server is up."""
-        return Response("Ollama is running", media_type="text/plain")
+    async def root(request) -> Response:
+        """Ollama's root answer: clients (Open WebUI, ollama-python) probe it to see a server is up. A browser
+        (``Accept`` prefers text/html) is sent to the web page, ``/ui`` (docs/serve.md "Web page")."""
+        if _prefers_html(request.headers.get("accept", "")):
+            from starlette.responses import RedirectResponse
+
+            return RedirectResponse("/ui", status_code=303, headers={"Vary": "Accept"})
+        return Response("Ollama is running", media_type="text/plain", headers={"Vary": "Accept"})
+
+    app.router.add_route("/", root, methods=["GET", "HEAD"])  # a plain Starlette route: it reads Accept
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
@@ -153,6 +161,16 @@ def create_app(engine: Engine | None, settings, options: ServeOptions | None = N
                            allow_headers=["*"])
     app.add_middleware(_Gate, registry=reg)
     return app
+
+
+def _prefers_html(accept: str) -> bool:
+    """Whether an ``Accept`` header asks for ``text/html`` (a browser's page load does; ``*/*``, curl's and the
+    API clients', does not), without refusing it (``;q=0``)."""
+    for part in accept.lower().split(","):
+        kind, _, params = part.partition(";")
+        if kind.strip() == "text/html":
+            return params.replace(" ", "") not in ("q=0", "q=0.0")
+    return False
 
 
 def _quoted_input(err: dict) -> str:
@@ -209,7 +227,8 @@ class _Gate:
             return await self.app(scope, receive, send)
         path, method = scope.get("path", ""), scope.get("method", "")
         key = self.reg.options.api_key
-        if key and path not in _OPEN_PATHS and method != "OPTIONS" and not _authorized(scope, key):
+        if (key and path not in _OPEN_PATHS and not path.startswith(_OPEN_PREFIXES) and method != "OPTIONS"
+                and not _authorized(scope, key)):
             await _send_json(send, 401, _unauthorized_body(path),
                              [(b"www-authenticate", b'Bearer realm="localrun"')])
             return self._log(scope, method, path, 401, 0.0)

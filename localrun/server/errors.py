@@ -13,6 +13,7 @@ from localrun.errors import (
     ConfigError,
     ConstraintError,
     ContextOverflowError,
+    ImageInputError,
     InsufficientMemoryError,
     LocalrunError,
     ModelNotFoundError,
@@ -59,6 +60,7 @@ _STATUS_BY_TYPE: list[tuple[type, int, str, str | None]] = [
     (BackendError, 500, "server_error", "backend_error"),
     (ConfigError, 400, "invalid_request_error", "invalid_value"),
     (ConstraintError, 400, "invalid_request_error", "unsupported_schema"),
+    (ImageInputError, 400, "invalid_request_error", "invalid_image"),
     (LocalrunError, 400, "invalid_request_error", None),
 ]
 
@@ -73,7 +75,7 @@ def error_info(exc: LocalrunError) -> tuple[int, dict]:
             if isinstance(exc, cls):
                 status, etype, code = st, et, cd
                 break
-        if isinstance(exc, (ContextOverflowError, ConstraintError)):
+        if isinstance(exc, (ContextOverflowError, ConstraintError, ImageInputError)):
             param = exc.param or None
     msg = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
     body = error_body(msg, etype=etype, param=param, code=code)

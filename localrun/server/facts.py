@@ -63,7 +63,8 @@ def model_capabilities(st):
     from localrun.model.capabilities import capabilities
 
     return capabilities(st.spec, st.engine.template_source,
-                        generic_tools=bool(getattr(st.options, "generic_tools", False)))
+                        generic_tools=bool(getattr(st.options, "generic_tools", False)),
+                        vision=getattr(st.engine, "projector", None) is not None)
 
 
 def file_capabilities(path: str, *, generic_tools: bool = False):

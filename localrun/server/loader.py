@@ -48,6 +48,8 @@ class PlannerLoader:
         self.templates: dict[str, str] = {}  # path_key → --chat-template (by name or file)
         self.kv_tiers: dict | None = None  # --cache-ram/--cache-dir/--cache-disk: backends.attach_kv_tiers keywords
         self.speculation = None  # serve --spec/--draft-model/--draft-max: server.spec_options.SpecOptions
+        self.mmproj: dict[str, str] = {}  # path_key → --mmproj (the vision projector file)
+        self.no_mmproj_offload = False  # serve --no-mmproj-offload: projectors on the CPU
 
     def warm_up(self) -> float:
         """Do the load path's one-time, model-independent work now (``localrun serve`` calls it at start-up),
@@ -78,6 +80,10 @@ class PlannerLoader:
         """Load the model at ``model_path`` with ``template`` (``--chat-template``) instead of its own."""
         self.templates[path_key(model_path)] = template
 
+    def set_mmproj(self, model_path, mmproj: str) -> None:
+        """Load the model at ``model_path`` with the vision projector ``mmproj`` (``--mmproj``)."""
+        self.mmproj[path_key(model_path)] = mmproj
+
     def plan(self, path: str, n_ctx: int | None = None, held: dict[int, int] | None = None) -> Planned:
         """What loading ``path`` needs and how (``Planned``), at ``n_ctx`` tokens per sequence (a request's
         ``num_ctx``; None: the server's ``--ctx``, else the planner's choice). ``held``: the VRAM the resident
@@ -105,6 +111,7 @@ class PlannerLoader:
                          kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
                          chat_template=self.templates.get(path), force=self.force, n_gpu_layers=self.n_gpu_layers,
                          models_dir=self.settings.models_dir, hardware=hardware, warn=False,
+                         mmproj=self.mmproj.get(path_key(path)), no_mmproj_offload=self.no_mmproj_offload,
                          **(self.speculation.for_model(path) if self.speculation else {}))
         plan, spec = prep.plan, prep.spec
         hw = self.hardware.to_dict() if hasattr(self.hardware, "to_dict") else None

@@ -144,6 +144,10 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
     if thinking and not constrained:
         _budget_fields(params, family, think=think, level=level, budget=budget,
                        default_budget=st.options.reasoning_budget)
+        if params.constraint is not None:  # a response format: the thinking block comes first
+            from localrun.constrain import after_thinking
+
+            params.constraint = after_thinking(params.constraint, t)
     if family.name == "gpt-oss":
         params.render_special = True  # the channel markers are the reply's structure
     if constrained:
@@ -159,7 +163,10 @@ async def prepare_chat(st, messages: Sequence, *, tools: list[dict] | None, tool
     template_tools = None if generic else tools
 
     def work():
-        return st.engine.tokenize_chat(msgs, tools=template_tools, template_kwargs=kwargs or None,
+        from localrun.server.images import resolve_images  # URLs fetched here, in the worker thread
+
+        ready = resolve_images(st.engine, msgs, allow_urls=st.options.allow_image_urls)
+        return st.engine.tokenize_chat(ready, tools=template_tools, template_kwargs=kwargs or None,
                                        parse_special_in_content=st.options.parse_special_in_content)
 
     text, tokens = await run_in_threadpool(work)

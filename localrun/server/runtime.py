@@ -59,6 +59,7 @@ class ServeOptions:
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
     responses_db: Any = None  # the Responses API's SQLite file (None: <home>/responses.db)
+    allow_image_urls: bool = False  # fetch http(s) image URLs (server/images.py); off: data URLs and base64 only
 
 
 class BodyReader:
@@ -165,7 +166,8 @@ class ServerState:
     def check_token_ids(self, ids: list[int], param: str) -> list[int]:
         """``ids`` if every one is in the vocabulary, else RequestError naming ``param``."""
         n = self.engine.n_vocab
-        bad = [t for t in ids if not 0 <= t < n]
+        images = getattr(self.engine, "projector", None) is not None  # an image's ids (< 0): the engine checks them
+        bad = [t for t in ids if not 0 <= t < n and not (images and t < 0)]
         if bad:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{n - 1})", param=param)
         return list(ids)

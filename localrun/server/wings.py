@@ -32,6 +32,7 @@ WINGS = (
     "anthropic",  # /v1/messages
     "responses",  # /v1/responses (OpenAI's Responses API, stored responses)
     "llamacpp_compat",  # llama-server's /tokenize, /detokenize, /apply-template, /v1/rerank
+    "web",  # /ui: the web page for people (chat, models, live numbers), /ui/api/plan
 )
 
 

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from localrun.backends.base import SamplingParams, Stats
+from localrun.backends.images import IMAGE_MARKER
 
 INT32_MAX = 2**31 - 1  # llama.cpp's sampler parameters (top_k, penalty_last_n) are C ints
 
@@ -49,9 +50,21 @@ class TextPart(WireModel):
     text: str
 
 
+class ImagePart(WireModel):
+    """OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,…" | "https://…"}}`` (a
+    plain string ``image_url`` is taken too); ``detail`` is accepted and unused."""
+
+    type: Literal["image_url"]
+    image_url: Union[str, dict[str, Any]]
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else str(self.image_url.get("url") or "")
+
+
 class ChatMessageIn(WireModel):
     """One message. ``developer`` is OpenAI's newer name for ``system``; content may be a string or a list
-    of text parts (images are not supported by the text-only backends)."""
+    of text and ``image_url`` parts (images need a model loaded with its projector, ``--mmproj``)."""
 
     _ignored = frozenset({"refusal", "annotations", "audio", "function_call", "thinking"})
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -66,18 +79,21 @@ class ChatMessageIn(WireModel):
     @field_validator("content")
     @classmethod
     def _text_parts(cls, v):
-        """List content → ``TextPart``s; an image/audio/file part is refused by name (text-only models)."""
+        """List content → ``TextPart``s and ``ImagePart``s; an audio/file part is refused by name."""
         if not isinstance(v, list):
             return v
         parts = []
         for part in v:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind is None:
-                raise ValueError("a content part has no 'type': localrun serves text-only models (send text, "
-                                 "or parts such as {\"type\": \"text\", \"text\": \"...\"})")
+                raise ValueError("a content part has no 'type' (send text, or parts such as "
+                                 "{\"type\": \"text\", \"text\": \"...\"})")
+            if kind == "image_url":
+                parts.append(ImagePart.model_validate(part))
+                continue
             if kind != "text":
-                raise ValueError(f"content parts of type {kind!r} are not supported: localrun serves text-only "
-                                 "models (send text, or parts of type 'text')")
+                raise ValueError(f"content parts of type {kind!r} are not supported (send parts of type 'text' "
+                                 "or 'image_url')")
             parts.append(TextPart.model_validate(part))
         return parts
 
@@ -95,20 +111,38 @@ class ToolDef(WireModel):
 
 
 def content_text(content) -> str:
-    """A message's ``content`` (a string, ``TextPart``s, or None) → its text."""
+    """A message's ``content`` (a string, ``TextPart``s and ``ImagePart``s, or None) → its text, with
+    ``IMAGE_MARKER`` where each image goes."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(p.text for p in content)
+    return "".join(IMAGE_MARKER if isinstance(p, ImagePart) else p.text for p in content)
 
 
-def message_dict(m) -> dict:
+def message_images(m, index: int) -> list:
+    """The images of message ``index`` (``ImageInput``s, in the order of its markers): its ``image_url``
+    parts, then Ollama's ``images`` (base64, placed before the text). Raises ImageInputError."""
+    from localrun.server.images import image_from_base64, image_from_url
+
+    out = [image_from_base64(b64, f"messages[{index}].images[{j}]")
+           for j, b64 in enumerate(getattr(m, "images", None) or [])]
+    if isinstance(m.content, list):
+        out += [image_from_url(p.url, f"messages[{index}].content[{j}]")
+                for j, p in enumerate(m.content) if isinstance(p, ImagePart)]
+    return out
+
+
+def message_dict(m, index: int = 0) -> dict:
     """A ``ChatMessageIn`` (or a subclass) → the chat template's message dict: role (``developer`` →
     ``system``), content (text parts joined; null → ""), and where present name, tool_calls (arguments as
     sent), tool_call_id and reasoning_content (an earlier turn's thinking: ``reasoning_content``,
-    ``reasoning`` or ``thinking``)."""
+    ``reasoning`` or ``thinking``), and ``images`` (``message_images``; ``index`` names the message in errors)."""
     d: dict = {"role": "system" if m.role == "developer" else m.role, "content": content_text(m.content)}
+    images = message_images(m, index)
+    if images:
+        d["images"] = images
+        d["content"] = IMAGE_MARKER * len(getattr(m, "images", None) or []) + d["content"]
     if m.name:
         d["name"] = m.name
     if m.tool_calls:

@@ -54,6 +54,7 @@ class BatchStep:
     prefill_chunk_decoding: int
     kv_cache: Any
     speculation: Any
+    projector: Any  # llamacpp.mtmd.Projector (images), None without one
 
     def step(self, gens: Sequence[Generation]) -> list[tuple[Generation, Chunk]]:
         """One ``llama_decode`` for the running sequences; returns the chunks it produced.
@@ -83,6 +84,13 @@ class BatchStep:
             self._steps += 1
             g.last_prefill = self._steps
             left = len(g.prompt) - g.n_prompt_done
+            if g.images:  # an image next: decoded alone (llamacpp/mtmd.py); a text chunk stops before one
+                nxt = next((s for s, _ in g.images if s >= g.n_prompt_done), len(g.prompt))
+                if nxt == g.n_prompt_done:
+                    self.projector.prefill(self, g, nxt)
+                    self._prefill_turn = False
+                    return []
+                left = nxt - g.n_prompt_done
             take = min(self.n_batch, left)
             if decoding and self.prefill_chunk_decoding < take:
                 # streams are waiting on this chunk: a smaller one bounds their stall (on a CPU a prompt

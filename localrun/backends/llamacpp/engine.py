@@ -42,6 +42,9 @@ from localrun.errors import (
 
 class LlamaCppEngine(BatchStep):
     """A GGUF loaded in llama.cpp with the parameters of a ``Plan``: a ``BatchEngine`` (``base.py``).
+    ``mmproj``: a vision projector GGUF loaded with it (``llamacpp/mtmd.py``): chat messages may then carry
+    images; ``mmproj_optional``: a projector that does not load is skipped with a warning (one found beside
+    the model), else its BackendError is raised.
 
     Raises BackendUnavailableError (no llama_cpp), UnsupportedArchitectureError, BackendError (load or
     decode failure). Not thread-safe: one thread drives it (chat's loop or the server's scheduler).
@@ -50,7 +53,8 @@ class LlamaCppEngine(BatchStep):
     backend = "llamacpp"
     serial = False  # n_parallel sequences are decoded together
 
-    def __init__(self, model_path: str, plan, *, chat_template: str | None = None, spec=None) -> None:
+    def __init__(self, model_path: str, plan, *, chat_template: str | None = None, spec=None,
+                 mmproj: str | None = None, mmproj_optional: bool = False) -> None:
         from localrun.model.chat_template import ChatTemplate
         from localrun.model.gguf_info import read_gguf
 
@@ -114,6 +118,22 @@ class LlamaCppEngine(BatchStep):
         self._abort_cb = C.ggml_abort_callback(self._abort.check)
         self._no_abort_cb = C.ggml_abort_callback()
         self.speculation = None  # llamacpp.spec.Speculation: speculative decoding (set_speculation), None = off
+        self.projector = None  # llamacpp.mtmd.Projector: images in (``mmproj``), None = text only
+        if mmproj:
+            from localrun.backends.llamacpp.mtmd import Projector
+
+            try:
+                self.projector = Projector(self, mmproj)
+            except BackendError as e:  # a projector found beside the model may be another model's
+                if not mmproj_optional:
+                    self.close()
+                    raise
+                import logging
+
+                logging.getLogger("localrun").warning("%s; serving text only", e.message)
+            except BaseException:
+                self.close()
+                raise
 
     def set_speculation(self, mode: str = "auto", draft_max: int | None = None,
                         draft_path: str | None = None) -> None:
@@ -209,12 +229,22 @@ class LlamaCppEngine(BatchStep):
         markers become control tokens; message text is always tokenised as text (see
         ``chat_template.chat_prompt_tokens``). ``template_kwargs``: extra template variables
         (``enable_thinking``, ``reasoning_effort``). Raises ChatTemplateError."""
+        from localrun.backends.images import images_of, no_projector_error, without_images
         from localrun.model.chat_template import chat_prompt_tokens
 
-        text, ids = chat_prompt_tokens(self._template, self.model_path, messages, self.tokenize,
+        images = [img for m in messages for img in images_of(m)]
+        tokenize = self.tokenize
+        if images:  # each image's place → its tokens (llamacpp/mtmd.py)
+            if self.projector is None:
+                raise no_projector_error(images[0].part)
+            tokenize = self.projector.tokenizer(self.tokenize)
+            messages = [without_images(m) for m in messages]
+        text, ids = chat_prompt_tokens(self._template, self.model_path, messages, tokenize,
                                        add_generation_prompt=add_generation_prompt, tools=tools,
                                        parse_special_in_content=parse_special_in_content,
                                        template_kwargs=template_kwargs)
+        if images:
+            ids = self.projector.expand(ids, images)
         if self.kv_cache is not None:  # the system prompt's end: a KV-tier snapshot boundary
             from localrun.backends.kv_cache import system_prompt_end
 
@@ -262,7 +292,9 @@ class LlamaCppEngine(BatchStep):
             prompt = [self.C.llama_vocab_bos(self.vocab)] if self.add_bos else self.tokenize(" ", add_special=True)
         if len(prompt) >= self.n_ctx:
             raise ContextOverflowError(len(prompt), self.n_ctx)
-        if min(prompt) < 0 or max(prompt) >= self.n_vocab:
+        # images: spans of pseudo-tokens (negative ids) the projector knows (llamacpp/mtmd.py)
+        images = self.projector.spans(prompt) if self.projector is not None and min(prompt) < 0 else []
+        if (min(prompt) < 0 and not images) or max(prompt) >= self.n_vocab:
             bad = next(t for t in prompt if not 0 <= t < self.n_vocab)
             raise LocalrunError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})",
                                 hint="send token ids this model's tokenizer produced (or text)")
@@ -270,12 +302,13 @@ class LlamaCppEngine(BatchStep):
         slot = slot or self.acquire_slot(prompt)
         if slot is None or slot.busy:
             raise BackendError("no free sequence slot", hint="wait for a running request to finish")
-        sampler = self.make_sampler(params, prompt)
+        sampler = self.make_sampler(params, [t for t in prompt if t >= 0] if images else prompt)
         if self.kv_cache is not None:  # save the slot's KV before it is cut; restore a snapshot that reuses more
             self.kv_cache.admit(self, slot, prompt)
         n_keep = common_prefix(slot.tokens, prompt)
         if n_keep == len(prompt):
             n_keep -= 1  # re-decode the last prompt token to get its logits
+        n_keep = next((s for s, e in images if s < n_keep < e), n_keep)  # an image's KV is whole or absent
         if n_keep < len(slot.tokens) and not self._window_kept(slot, n_keep):
             n_keep = 0  # the sliding-window cache no longer holds the window before the cut: prefill it all
         if not self.C.llama_memory_seq_rm(self.mem, slot.seq_id, n_keep, -1):
@@ -285,11 +318,11 @@ class LlamaCppEngine(BatchStep):
         slot.busy = True
         slot.last_used = time.monotonic()
         # prefix caching: prime the sampler's penalty history with the reused prompt tokens
-        spec = self.speculation.begin(prompt, params) if self.speculation is not None else None
+        spec = self.speculation.begin(prompt, params) if self.speculation is not None and not images else None
         snap_at = self.kv_cache.boundary_in(prompt, n_keep, sliding=bool(self.n_swa)) if self.kv_cache else 0
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
                           cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx),
-                          control=control, spec=spec, snapshot_at=snap_at)
+                          control=control, spec=spec, snapshot_at=snap_at, images=images or None)
 
     def _window_kept(self, slot: Slot, n_keep: int) -> bool:
         """Can ``slot``'s KV be cut back to its first ``n_keep`` tokens? Always, without sliding-window
@@ -374,6 +407,9 @@ class LlamaCppEngine(BatchStep):
         if spec is not None and spec.draft is not None:
             spec.draft.close()
             self.speculation = None
+        if getattr(self, "projector", None) is not None:
+            self.projector.close()
+            self.projector = None
         if getattr(self, "_batch", None) is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

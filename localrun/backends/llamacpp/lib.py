@@ -68,6 +68,13 @@ class LlamaLog:
         C.llama_log_set(_cb, ctypes.c_void_p(0))
 
     @classmethod
+    def install_mtmd(cls, M) -> None:
+        """Send the multimodal library's log (``llama_cpp.mtmd_cpp``: clip and mtmd-helper) to the same sink."""
+        if cls._callback is not None:
+            M.mtmd_log_set(cls._callback, ctypes.c_void_p(0))
+            M.mtmd_helper_log_set(cls._callback, ctypes.c_void_p(0))
+
+    @classmethod
     def mark(cls) -> int:
         """The running line count; also re-reads ``LOCALRUN_DEBUG``/``LOCALRUN_VERBOSE`` (a load logs ~2,000
         lines: the callback does not look the environment up for each)."""
@@ -114,6 +121,14 @@ def physical_cores() -> int:
         return psutil.cpu_count(logical=False) or os.cpu_count() or 1
     except ImportError:  # pragma: no cover
         return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Threads for a llama.cpp context whose plan names none: ``LOCALRUN_THREADS`` when set
+    (``config.env_threads``), else the physical cores. Raises ConfigError for a bad ``LOCALRUN_THREADS``."""
+    from localrun.config import env_threads
+
+    return env_threads() or physical_cores()
 
 
 # llama.cpp common/common.h: LLM_FFN_EXPS_REGEX, the MoE expert tensors (`--n-cpu-moe`)

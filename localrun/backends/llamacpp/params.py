@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from localrun.backends.llamacpp.lib import (
     cpu_advertises_amx,
     cpu_moe_overrides,
-    physical_cores,
+    default_threads,
     weight_overrides,
     weight_placement,
 )
@@ -133,7 +133,7 @@ def context_params(C, plan):
     cp.n_batch = int(plan.n_batch)
     cp.n_ubatch = int(min(plan.n_ubatch, plan.n_batch))
     cp.n_seq_max = n_par
-    threads = plan.n_threads or physical_cores()
+    threads = plan.n_threads or default_threads()
     cp.n_threads = int(threads)
     cp.n_threads_batch = int(plan.n_threads_batch or threads)
     cp.flash_attn_type = {None: -1, True: 1, False: 0}[plan.flash_attn]
@@ -148,3 +148,21 @@ def context_params(C, plan):
     cp.kv_unified = bool(getattr(plan, "kv_unified", False))
     cp.no_perf = True
     return cp
+
+
+def new_mtmd_context(M, path, model, plan):
+    """``mtmd_init_from_file(path, model, params)`` → llama.cpp's multimodal context for the projector GGUF
+    at ``path`` (tools/mtmd/mtmd.h), or None when it cannot load it (its log says why). ``M`` is
+    ``llama_cpp.mtmd_cpp``. The projector runs where the plan put it (``offload.plan.add_projector``), or,
+    unplanned, on the GPU when the plan offloads layers (llama-server's ``--mmproj-offload`` default) unless
+    ``no_mmproj_offload``; with the plan's threads and flash-attention choice; warm-up on."""
+    p = M.mtmd_context_params_default()
+    if getattr(plan, "mmproj_bytes", 0):  # planned (offload.plan.add_projector): where the planner put it
+        p.use_gpu = bool(plan.mmproj_on_gpu)
+    else:
+        p.use_gpu = int(plan.n_gpu_layers) != 0 and not getattr(plan, "no_mmproj_offload", False)
+    p.n_threads = int(plan.n_threads or default_threads())
+    p.print_timings = False
+    p.warmup = True
+    p.flash_attn_type = {None: -1, True: 1, False: 0}[plan.flash_attn]
+    return M.mtmd_init_from_file(str(path).encode(), model, p) or None

@@ -42,6 +42,7 @@ class Generation:
     control: object | None = None  # backends.control.TokenControl: forced tokens, masks, complete; None = free
     spec: object | None = None  # spec_decode.SeqSpec: speculative decoding state and counts; None = off
     snapshot_at: int = 0  # prompt position where the prefill stops for a KV-tier snapshot (kv_cache.boundary_in)
+    images: list[tuple[int, int]] | None = None  # (start, end) of each image in prompt (llamacpp/mtmd.py)
 
     @property
     def done(self) -> bool:

@@ -67,8 +67,17 @@ def _system_turn(blocks, i: int) -> str:
 
 
 def _user_turn(blocks, i: int, tool_names: dict[str, str]) -> list[dict]:
-    out, texts = [], []
+    out, texts, images = [], [], []
     for j, b in enumerate(blocks):
+        if b.type == "image":  # its place in the text; the image itself for the projector (server/images.py)
+            from localrun.backends.images import IMAGE_MARKER
+            from localrun.server.images import image_from_base64, image_from_url
+
+            part = f"messages[{i}].content[{j}]"
+            src = b.source
+            images.append(image_from_base64(src["data"], part) if src["type"] == "base64"
+                          else image_from_url(src["url"], part))
+            texts.append(IMAGE_MARKER)
         if b.type == "tool_result":
             text = b.text()
             if b.is_error:
@@ -82,6 +91,8 @@ def _user_turn(blocks, i: int, tool_names: dict[str, str]) -> list[dict]:
                                param=f"messages.{i}.content.{j}.type")
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
+        if images:
+            out[-1]["images"] = images
     return out
 
 

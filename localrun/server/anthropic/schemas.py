@@ -2,10 +2,11 @@
 
 Source: Anthropic's API reference, "Messages" and "Count message tokens" (docs.anthropic.com/en/api/messages),
 and the ``anthropic`` Python SDK's ``types/message_create_params.py``. Content blocks are validated per
-``type``: ``text``, ``tool_use``, ``tool_result``, ``thinking``, ``redacted_thinking`` are read; ``image`` and
-``document`` are refused with a 400 that says localrun serves text-only models. Fields an Anthropic client
-sends that have no local meaning (``metadata``, ``cache_control``, ``service_tier``, ``citations`` …) are
-accepted and ignored. Validation failures become Anthropic's ``invalid_request_error`` (see ``routes.py``).
+``type``: ``text``, ``image`` (base64 or url source; the model needs its projector, ``--mmproj``),
+``tool_use``, ``tool_result``, ``thinking``, ``redacted_thinking`` are read; ``document`` is refused with a
+400. Fields an Anthropic client sends that have no local meaning (``metadata``, ``cache_control``,
+``service_tier``, ``citations`` …) are accepted and ignored. Validation failures become Anthropic's
+``invalid_request_error`` (see ``routes.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,26 @@ class ToolResultBlock(WireModel):
         return "\n".join(part["text"] for part in self.content)
 
 
+class ImageBlock(WireModel):
+    """An image in a user turn: ``source`` ``{"type": "base64", "media_type", "data"}`` or ``{"type": "url",
+    "url"}`` (fetched only under ``serve --allow-image-urls``)."""
+
+    _ignored = _BLOCK_EXTRAS
+    type: Literal["image"]
+    source: dict[str, Any]
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v):
+        kind = v.get("type")
+        if kind == "base64" and isinstance(v.get("data"), str):
+            return v
+        if kind == "url" and isinstance(v.get("url"), str):
+            return v
+        raise ValueError("an image source is {\"type\": \"base64\", \"media_type\": ..., \"data\": ...} or "
+                         "{\"type\": \"url\", \"url\": ...}")
+
+
 class ThinkingBlock(WireModel):
     """An earlier assistant turn's thinking; ``signature`` is accepted and not verified."""
 
@@ -79,17 +100,18 @@ class RedactedThinkingBlock(WireModel):
     data: str = ""
 
 
-ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+ContentBlock = Annotated[Union[TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
+                               RedactedThinkingBlock],
                          Field(discriminator="type")]
 _BLOCK_ADAPTER: TypeAdapter = TypeAdapter(ContentBlock)
-_KNOWN_BLOCKS = {"text", "tool_use", "tool_result", "thinking", "redacted_thinking"}
-_MEDIA_BLOCKS = {"image", "document", "search_result", "container_upload"}
+_KNOWN_BLOCKS = {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"}
+_MEDIA_BLOCKS = {"document", "search_result", "container_upload"}
 
 
 def _refuse_media(kind) -> None:
     if kind in _MEDIA_BLOCKS:
-        raise ValueError(f"content blocks of type {kind!r} are not supported: localrun serves text-only models "
-                         "(no vision or documents); send the text as a 'text' block")
+        raise ValueError(f"content blocks of type {kind!r} are not supported: localrun reads no documents; send "
+                         "the text as a 'text' block")
 
 
 class MessageParam(WireModel):

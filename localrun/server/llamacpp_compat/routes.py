@@ -63,8 +63,8 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                                "with a chat template")
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         prompt, _, _, _ = await prepare_chat(
-            st, [message_dict(m) for m in req.messages], tools=tools, tool_choice=None, think=None, level=None,
-            budget=None, params=SamplingParams(), template_kwargs=req.chat_template_kwargs)
+            st, [message_dict(m, i) for i, m in enumerate(req.messages)], tools=tools, tool_choice=None, think=None,
+            level=None, budget=None, params=SamplingParams(), template_kwargs=req.chat_template_kwargs)
         return {"prompt": prompt}
 
     async def rerank(request: Request) -> dict:

@@ -21,7 +21,7 @@ def messages_from_ollama(msgs) -> list[dict]:
     """Ollama /api/chat messages → the chat template's message dicts (``wire.message_dict``; ``thinking`` is
     the earlier turn's thinking). They take everything the OpenAI route takes; missing content is empty text,
     as in Ollama."""
-    return [message_dict(m) for m in msgs]
+    return [message_dict(m, i) for i, m in enumerate(msgs)]
 
 
 def format_constraint(fmt) -> Constraint | None:

@@ -74,9 +74,11 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                 f"{spec.arch}.context_length": spec.n_ctx_train, f"{spec.arch}.block_count": spec.n_layer,
                 f"{spec.arch}.embedding_length": spec.n_embd, f"{spec.arch}.attention.head_count": spec.n_head,
                 f"{spec.arch}.attention.head_count_kv": spec.n_head_kv}
+        proj = getattr(st.engine, "projector", None)
+        extra = {"projector_info": {"general.architecture": "clip", "path": proj.path}} if proj is not None else {}
         return {"license": "", "modelfile": f"FROM {st.engine.model_path}\n", "parameters": "",
                 "template": tpl, "details": cv.ollama_details(spec), "model_info": info,
-                "capabilities": caps, "modified_at": _entry(st)["modified_at"]}
+                "capabilities": caps, "modified_at": _entry(st)["modified_at"], **extra}
 
     @app.post("/api/embed")
     async def embed(request: Request) -> dict:
@@ -104,8 +106,6 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         st = await reg.state_for(request, req.model, keep_alive_s=keep, n_ctx=request_n_ctx(req))
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        for m in req.messages:
-            _no_images(m.images)
         if tools and not tools_supported(st):  # only under --no-generic-tools, on a template without tools
             raise RequestError(f"{st.model_id} does not support tools", param="tools", code="tools_unsupported")
         think, level = _think(st, req.think)
@@ -163,7 +163,8 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                     "done_reason": reason}
         st = await reg.state_for(request, req.model, keep_alive_s=keep, n_ctx=request_n_ctx(req))
         params = cv.sampling_from_ollama(req.options, req.format, stop_loops=st.options.stop_loops)
-        _no_images(req.images)
+        if req.raw or not st.engine.has_chat_template:
+            _no_images(req.images)
         # ``context`` (returned by the previous /api/generate) comes first, as in Ollama: a short memory
         context = st.check_token_ids(req.context or [], "context")
         if req.raw or not st.engine.has_chat_template:
@@ -175,7 +176,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             family, opts = family_of(None), ReplyOptions()
         else:
             msgs = ([{"role": "system", "content": req.system}] if req.system and not context else []) + [
-                {"role": "user", "content": req.prompt}
+                _user_message(req.prompt, req.images)
             ]
             think, level = _think(st, req.think)
             prompt, new, family, opts = await prepare_chat(st, msgs, tools=None, tool_choice=None, think=think,
@@ -246,13 +247,21 @@ def _done_reason(reason: str) -> str:
 
 
 def _no_images(images) -> None:
-    """Ollama answers an image for a text-only model with an error; so does localrun (no vision models)."""
+    """Images need the chat template (the projector's tokens go where the template puts the message)."""
     if images:
-        raise RequestError(
-            "this model does not support image input (localrun serves text-only models)",
-            param="images",
-            code="unsupported_value",
-        )
+        raise RequestError("images need the chat template: a raw prompt cannot hold them", param="images",
+                           code="unsupported_value", hint="send the request without raw, or without images")
+
+
+def _user_message(prompt: str, images: list[str] | None) -> dict:
+    """/api/generate's prompt and ``images`` (base64) → the user message dict, the images before the text."""
+    from localrun.backends.images import IMAGE_MARKER
+    from localrun.server.images import image_from_base64
+
+    if not images:
+        return {"role": "user", "content": prompt}
+    return {"role": "user", "content": IMAGE_MARKER * len(images) + prompt,
+            "images": [image_from_base64(b, f"images[{j}]") for j, b in enumerate(images)]}
 
 
 def _entry(st: ServerState) -> dict:

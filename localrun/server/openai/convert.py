@@ -31,7 +31,7 @@ def messages_from_openai(msgs) -> list[dict]:
     for i, m in enumerate(msgs):
         if m.content is None and m.role in ("system", "developer", "user"):
             raise RequestError(f"messages[{i}] ({m.role}) has no content", param=f"messages.{i}.content")
-    return [message_dict(m) for m in msgs]
+    return [message_dict(m, i) for i, m in enumerate(msgs)]
 
 
 def constraint_for(req) -> tuple[Constraint | None, str | None]:

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from localrun.backends.base import Constraint
+from localrun.backends.images import IMAGE_MARKER
 from localrun.server.errors import RequestError
 
 HOSTED_TOOLS = frozenset({"web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
@@ -113,8 +114,13 @@ def _check_message(item: dict, where: str) -> dict:
                            param=f"{where}.content")
     for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "input_image" and role != "assistant":  # needs the model's projector (--mmproj)
+            if not isinstance(p.get("image_url"), str):
+                raise RequestError(f"{where}.content[{j}].image_url must be a data: or http(s) URL (file_id is "
+                                   "not supported)", param=f"{where}.content[{j}].image_url")
+            continue
         if kind not in _TEXT_PARTS:
-            hint = " (localrun serves text-only models)" if kind in ("input_image", "input_file", "input_audio") else ""
+            hint = " (send input_text or input_image)" if kind in ("input_file", "input_audio") else ""
             raise RequestError(f"{where}.content[{j}].type {kind!r} is not supported{hint}",
                                param=f"{where}.content[{j}].type", code="unsupported_value")
         if not isinstance(p.get("text", p.get("refusal")), str):
@@ -132,7 +138,16 @@ def calls_in(items: list[dict]) -> dict[str, str]:
 def _text(content) -> str:
     if isinstance(content, str):
         return content
-    return "".join(p.get("text", p.get("refusal", "")) if isinstance(p, dict) else "" for p in content or [])
+    return "".join((IMAGE_MARKER if p.get("type") == "input_image" else p.get("text", p.get("refusal", "")))
+                   if isinstance(p, dict) else "" for p in content or [])
+
+
+def _images(content, where: str) -> list:
+    """The ``input_image`` parts of a message's content → ``ImageInput``s (server/images.py)."""
+    from localrun.server.images import image_from_url
+
+    return [image_from_url(p["image_url"], f"{where}.content[{j}]") for j, p in enumerate(content or [])
+            if isinstance(p, dict) and p.get("type") == "input_image"]
 
 
 def messages_from_items(instructions: str | None, items: list[dict]) -> list[dict]:
@@ -140,7 +155,7 @@ def messages_from_items(instructions: str | None, items: list[dict]) -> list[dic
     msgs: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
     names = calls_in(items)
     open_turn = False  # the last message is an assistant turn that later assistant-side items extend
-    for it in items:
+    for k, it in enumerate(items):
         kind = it["type"]
         if kind == "message":
             role = "system" if it["role"] == "developer" else it["role"]
@@ -149,7 +164,8 @@ def messages_from_items(instructions: str | None, items: list[dict]) -> list[dic
             if role == "assistant" and open_turn and not last["content"] and not last.get("tool_calls"):
                 last["content"] = text  # the reply after its reasoning
             else:
-                msgs.append({"role": role, "content": text})
+                images = _images(it["content"], f"input[{k}]") if role != "assistant" else []
+                msgs.append({"role": role, "content": text} | ({"images": images} if images else {}))
             open_turn = role == "assistant"
             continue
         if kind in ASSISTANT_ITEMS:

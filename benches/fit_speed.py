@@ -1,0 +1,264 @@
+"""`localrun fit`'s speed estimate against measured speed, on Llama-shaped models of 1B, 3B and 8B.
+
+No real weights are needed for a speed: each model is written as a GGUF with random F16 weights in the
+shapes of Llama-3.2-1B, Llama-3.2-3B (tied embeddings) and Llama-3.1-8B (its own output matrix): vocabulary
+128,256 (SmolLM2's tokenizer from the shipped GGUF, padded with unused tokens), GQA with 8 KV heads, RoPE
+θ 500,000. Each is quantized with llama.cpp's own quantizer (``llama_model_quantize``) to Q4_K_M and Q8_0 in
+``--dir`` (the F16 file is deleted after its quantizations unless ``--keep``). For each file, in a fresh
+process, localrun's engine (the plan ``fit`` makes, threads = the plan's) measures prefill tok/s
+(``--prefill`` prompt tokens, one request, after a warm-up that pages the weights in) and decode tok/s
+(``--decode`` tokens, EOS ignored); ``localrun fit FILE --json --ctx N`` gives the estimate at the same
+context. Printed: estimated / measured (the goal: 0.85–1.15). ``--llama-bench PATH`` (env ``LLAMA_BENCH``;
+``benches/build_peers.sh`` builds it) adds llama.cpp's own pp/tg numbers as a cross-check (``--repack 0``
+where the CPU advertises AMX: llama.cpp's AMX kernels die here; localrun keeps the AVX repacking of Q4_K
+weights, llama-bench then has none, so its Q4_K_M prefill is lower).
+
+    python benches/fit_speed.py [--sizes 1B,3B,8B] [--quants Q4_K_M,Q8_0] [--dir /tmp/fit_speed]
+                                [--prefill 256] [--decode 32] [--ctx 1024] [--llama-bench PATH] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+N_VOCAB = 128256
+SHAPES = {  # Llama-3.2-1B / -3B and Llama-3.1-8B (their config.json)
+    "1B": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192, tied=True, name="Llama-3.2-1B"),
+    "3B": dict(n_embd=3072, n_layer=28, n_head=24, n_head_kv=8, n_ff=8192, tied=True, name="Llama-3.2-3B"),
+    "8B": dict(n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_ff=14336, tied=False, name="Llama-3.1-8B"),
+}
+FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama.h LLAMA_FTYPE_MOSTLY_*
+TOKEN_TYPE_UNUSED = 5  # gguf TokenType.UNUSED: not a special token (no cost in tokenizing)
+
+
+def tensor_shapes(s: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, numpy shape) of every tensor of a Llama model of shape ``s``, in llama.cpp's order."""
+    e, f, hd = s["n_embd"], s["n_ff"], s["n_embd"] // s["n_head"]
+    kv = s["n_head_kv"] * hd
+    out = [("token_embd.weight", (N_VOCAB, e))]
+    for i in range(s["n_layer"]):
+        out += [(f"blk.{i}.attn_norm.weight", (e,)), (f"blk.{i}.attn_q.weight", (e, e)),
+                (f"blk.{i}.attn_k.weight", (kv, e)), (f"blk.{i}.attn_v.weight", (kv, e)),
+                (f"blk.{i}.attn_output.weight", (e, e)), (f"blk.{i}.ffn_norm.weight", (e,)),
+                (f"blk.{i}.ffn_gate.weight", (f, e)), (f"blk.{i}.ffn_up.weight", (f, e)),
+                (f"blk.{i}.ffn_down.weight", (e, f))]
+    out.append(("output_norm.weight", (e,)))
+    if not s["tied"]:
+        out.append(("output.weight", (N_VOCAB, e)))
+    return out
+
+
+def write_f16(path: Path, size: str, template: Path) -> None:
+    """A Llama GGUF of ``SHAPES[size]`` with random F16 matrices (norms 1.0 in F32), the tokenizer and chat
+    template of ``template`` (a llama-architecture GGUF), written tensor by tensor."""
+    import gguf
+    import numpy as np
+
+    s = SHAPES[size]
+    r = gguf.GGUFReader(str(template))
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"random {s['name']}")
+    w.add_context_length(131072)
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(s["n_layer"])
+    w.add_feed_forward_length(s["n_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_rope_dimension_count(s["n_embd"] // s["n_head"])
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(N_VOCAB)
+    w.add_file_type(1)  # MOSTLY_F16
+    tokens = [bytes(r.fields["tokenizer.ggml.tokens"].parts[i]).decode("utf-8")
+              for i in r.fields["tokenizer.ggml.tokens"].data]
+    types = [int(r.fields["tokenizer.ggml.token_type"].parts[i][0]) for i in r.fields["tokenizer.ggml.token_type"].data]
+    merges = [bytes(r.fields["tokenizer.ggml.merges"].parts[i]).decode("utf-8")
+              for i in r.fields["tokenizer.ggml.merges"].data]
+    pad = N_VOCAB - len(tokens)
+    w.add_tokenizer_model(r.fields["tokenizer.ggml.model"].contents())
+    w.add_tokenizer_pre(r.fields["tokenizer.ggml.pre"].contents())
+    w.add_token_list(tokens + [f"<|unused_{i}|>" for i in range(pad)])
+    w.add_token_types(types + [TOKEN_TYPE_UNUSED] * pad)
+    w.add_token_merges(merges)
+    for key, add in (("tokenizer.ggml.bos_token_id", w.add_bos_token_id), ("tokenizer.ggml.eos_token_id",
+                     w.add_eos_token_id), ("tokenizer.ggml.unknown_token_id", w.add_unk_token_id),
+                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id)):
+        if key in r.fields:
+            add(int(r.fields[key].contents()))
+    w.add_add_bos_token(bool(r.fields["tokenizer.ggml.add_bos_token"].contents()))
+    if "tokenizer.chat_template" in r.fields:
+        w.add_chat_template(r.fields["tokenizer.chat_template"].contents())
+    shapes = tensor_shapes(s)
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        if len(shape) == 1:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), n * 4)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.float16), n * 2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    pool = (np.random.default_rng(0).standard_normal(1 << 25, dtype=np.float32) * 0.02).astype(np.float16)
+    for k, (name, shape) in enumerate(shapes):
+        if len(shape) == 1:
+            w.write_tensor_data(np.ones(shape, dtype=np.float32))
+            continue
+        n = int(np.prod(shape))
+        data = np.resize(np.roll(pool, k * 7919), n).reshape(shape)  # the pool, shifted per tensor
+        w.write_tensor_data(data)
+        del data
+    w.close()
+
+
+def quantize(src: Path, dst: Path, quant: str, threads: int) -> float:
+    """llama.cpp's own quantizer, ``src`` → ``dst`` as ``quant``; seconds taken."""
+    from localrun.backends.llamacpp.lib import import_llama
+
+    _, C = import_llama()
+    p = C.llama_model_quantize_default_params()
+    p.ftype = FTYPES[quant]
+    p.nthread = threads
+    t0 = time.perf_counter()
+    part = dst.with_suffix(".part")  # an interrupted run leaves no file that looks done
+    if C.llama_model_quantize(str(src).encode(), str(part).encode(), p) != 0:
+        raise RuntimeError(f"llama_model_quantize failed: {src} → {quant}")
+    part.rename(dst)
+    return time.perf_counter() - t0
+
+
+CHILD = r"""
+import json, random, sys, time
+from localrun.backends import load_engine
+from localrun.backends.base import SamplingParams
+from localrun.model.gguf_info import read_gguf
+from localrun.machine.hardware import probe_hardware
+from localrun.offload.search import plan_for_run
+path, n_ctx, n_prefill, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=n_ctx)
+t0 = time.perf_counter()
+eng = load_engine(path, plan)
+load_s = time.perf_counter() - t0
+rng = random.Random(1)
+def run(prompt, n):
+    last = None
+    for c in eng.generate(prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)):
+        last = c
+    return last.stats
+run([rng.randrange(1000, 40000) for _ in range(16)], 4)  # warm-up: page the weights in
+pre = run([rng.randrange(1000, 40000) for _ in range(n_prefill)], 1)  # a new prompt: nothing cached
+dec = run([rng.randrange(1000, 40000) for _ in range(8)], n_decode)
+print(json.dumps({"prefill": pre.prefill_tok_s, "prefill_n": pre.prompt_tokens - pre.cached_tokens,
+                  "decode": dec.decode_tok_s, "decode_n": dec.completion_tokens, "load_s": load_s,
+                  "plan_prefill": plan.prefill_tok_s, "plan_decode": plan.decode_tok_s, "threads": plan.n_threads,
+                  "threads_batch": plan.n_threads_batch, "repacked": bool(getattr(eng, "repacked", False))}))
+"""
+
+
+def measure(path: Path, args) -> dict:
+    r = subprocess.run(["nice", "-n", "10", sys.executable, "-c", CHILD, str(path), str(args.ctx), str(args.prefill),
+                        str(args.decode)], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode:
+        raise RuntimeError(f"measuring {path.name} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def fit_estimate(path: Path, ctx: int | None) -> dict:
+    """``localrun fit FILE --json [--ctx N]`` → its plan (decode_tok_s, prefill_tok_s, n_ctx, speed_source)."""
+    cmd = [sys.executable, "-m", "localrun", "fit", str(path), "--json"] + (["--ctx", str(ctx)] if ctx else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if r.returncode:
+        raise RuntimeError(f"localrun fit failed: {r.stderr[-1000:]}")
+    return json.loads(r.stdout[r.stdout.index("{"):])
+
+
+def llama_bench(binary: str, path: Path, args, threads: int) -> dict:
+    from localrun.backends.llamacpp.lib import cpu_advertises_amx
+
+    cmd = ["nice", "-n", "10", binary, "-m", str(path), "-p", str(args.prefill), "-n", str(args.decode), "-t",
+           str(threads), "-r", "1", "-o", "json"] + (["--repack", "0"] if cpu_advertises_amx() else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        return {"error": r.stderr[-300:]}
+    out = {}
+    for row in json.loads(r.stdout):
+        out["pp" if row.get("n_prompt") else "tg"] = float(row["avg_ts"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1B,3B,8B")
+    ap.add_argument("--quants", default="Q4_K_M,Q8_0")
+    ap.add_argument("--dir", default="/tmp/fit_speed", help="where the GGUFs are written (kept for reruns)")
+    ap.add_argument("--prefill", type=int, default=256)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=1024, help="the context both the estimate and the run use")
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH") or "/tmp/peer/build/bin/llama-bench")
+    ap.add_argument("--keep", action="store_true", help="keep the F16 files")
+    args = ap.parse_args()
+    from localrun.store.resolve import default_model_path
+
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    bench_bin = args.llama_bench if Path(args.llama_bench).is_file() else None
+    print(f"fit_speed: load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at start; "
+          f"{shutil.disk_usage(folder).free / 2**30:.0f} GiB free in {folder}; prefill {args.prefill} tokens, "
+          f"decode {args.decode}, ctx {args.ctx}" + ("" if bench_bin else f"; no llama-bench at {args.llama_bench}"),
+          flush=True)
+    rows = []
+    for size in args.sizes.split(","):
+        f16 = folder / f"random-{SHAPES[size]['name']}-F16.gguf"
+        files = {q: folder / f"random-{SHAPES[size]['name']}-{q}.gguf" for q in args.quants.split(",")}
+        if not all(p.is_file() for p in files.values()):
+            if not f16.is_file():
+                t0 = time.perf_counter()
+                write_f16(f16.with_suffix(".part"), size, default_model_path())
+                f16.with_suffix(".part").rename(f16)
+                print(f"  {size}: wrote {f16.name} ({f16.stat().st_size / 2**30:.2f} GiB) in "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+            for q, p in files.items():
+                if not p.is_file():
+                    dt = quantize(f16, p, q, os.cpu_count() or 1)
+                    print(f"  {size}: quantized to {q} ({p.stat().st_size / 2**30:.2f} GiB) in {dt:.0f} s", flush=True)
+            if not args.keep:
+                f16.unlink()
+        for q, p in files.items():
+            est = fit_estimate(p, args.ctx)
+            est_default = fit_estimate(p, None)
+            m = measure(p, args)
+            row = {"size": size, "quant": q, "est": est, "est_default": est_default, "m": m,
+                   "load": os.getloadavg()[0]}
+            if bench_bin:
+                row["llama-bench"] = llama_bench(bench_bin, p, args, m["threads"])
+            rows.append(row)
+            lb = row.get("llama-bench") or {}
+            print(f"  {size} {q}: prefill est {est['prefill_tok_s']:.1f} / measured {m['prefill']:.1f} tok/s = "
+                  f"{est['prefill_tok_s'] / m['prefill']:.2f}; decode est {est['decode_tok_s']:.2f} / measured "
+                  f"{m['decode']:.2f} tok/s = {est['decode_tok_s'] / m['decode']:.2f} (threads {m['threads']}, "
+                  f"ctx {est['n_ctx']}, {est['speed_source']}; fit's own ctx {est_default['n_ctx']}: decode est "
+                  f"{est_default['decode_tok_s']:.2f}, prefill {est_default['prefill_tok_s']:.1f})"
+                  + (f"; llama-bench pp{args.prefill} {lb['pp']:.1f}, tg{args.decode} {lb['tg']:.2f} tok/s"
+                     if "pp" in lb and "tg" in lb else (f"; llama-bench failed: {lb['error']}" if lb else ""))
+                  + f"; load {row['load']:.1f}", flush=True)
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
+    print(f"{'model':16} {'prefill est/meas':>18} {'ratio':>6} {'decode est/meas':>16} {'ratio':>6}  goal 0.85–1.15")
+    for r in rows:
+        e, m = r["est"], r["m"]
+        pr, dr = e["prefill_tok_s"] / m["prefill"], e["decode_tok_s"] / m["decode"]
+        print(f"{r['size'] + ' ' + r['quant']:16} {e['prefill_tok_s']:8.1f}/{m['prefill']:<9.1f} {pr:6.2f} "
+              f"{e['decode_tok_s']:7.2f}/{m['decode']:<8.2f} {dr:6.2f}"
+              + ("" if 0.85 <= pr <= 1.15 and 0.85 <= dr <= 1.15 else "  outside"))
+
+
+if __name__ == "__main__":
+    main()

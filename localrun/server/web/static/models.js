@@ -1,0 +1,194 @@
+// The model picker: the list /v1/models gives (resident ones first, meta.loaded), the plan of the chosen one
+// in words before it loads (/ui/api/plan), load now / unload (Ollama's /api/generate with an empty prompt;
+// keep_alive 0 unloads), and pull by name with a progress bar (/api/pull, NDJSON).
+"use strict";
+(function () {
+  const LR = (window.LR = window.LR || {});
+  const $ = (id) => document.getElementById(id);
+  const state = { models: [], picked: null };
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function size(bytes) {
+    if (!bytes) return "";
+    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (bytes >= 1024 && i < u.length - 1) {
+      bytes /= 1024;
+      i++;
+    }
+    return (i ? bytes.toFixed(1) : bytes) + " " + u[i];
+  }
+
+  function find(name) {
+    return state.models.find((m) => m.id === name);
+  }
+
+  // the model chat requests name (settings.model; "": the server's default, the first resident)
+  function current() {
+    const s = LR.store.settings.model;
+    return (s && find(s)) || (!s && state.models.find((m) => m.meta && m.meta.loaded)) || null;
+  }
+
+  async function refresh() {
+    try {
+      const body = await LR.api.json("/v1/models");
+      state.models = body.data || [];
+    } catch (e) {
+      $("model-name").textContent = "server unreachable";
+      return;
+    }
+    renderList();
+    renderButton();
+  }
+
+  function renderButton() {
+    const m = current();
+    const name = LR.store.settings.model || (m ? m.id : "default model");
+    $("model-name").textContent = name;
+    $("model-dot").className = "dot" + (m && m.meta && m.meta.loaded ? " on" : "");
+    $("model-dot").title = m && m.meta && m.meta.loaded ? "in memory" : "loads on the first question";
+    if (LR.app && LR.app.onModels) LR.app.onModels();
+  }
+
+  function renderList() {
+    const ul = $("model-list");
+    ul.replaceChildren();
+    for (const m of state.models) {
+      const meta = m.meta || {};
+      const li = el("li");
+      const b = el("button", "model-item" + (state.picked === m.id ? " picked" : ""));
+      b.type = "button";
+      b.dataset.model = m.id;
+      const head = el("span", "model-head");
+      head.appendChild(el("span", "model-id", m.id));
+      if (meta.loaded) head.appendChild(el("span", "badge on", "in memory"));
+      if (LR.store.settings.model === m.id) head.appendChild(el("span", "badge", "chatting"));
+      b.appendChild(head);
+      const facts = [size(meta.size), meta.arch, meta.n_params ? (meta.n_params / 1e9).toFixed(2) + "B params" : ""];
+      for (const cap of ["thinking", "tool_calls", "vision"]) if (meta[cap]) facts.push(cap.replace("_", " "));
+      b.appendChild(el("span", "model-facts muted", facts.filter(Boolean).join(" · ")));
+      b.addEventListener("click", () => pick(m.id));
+      li.appendChild(b);
+      ul.appendChild(li);
+    }
+    if (!state.models.length) ul.appendChild(el("li", "muted", "No models found. Pull one below."));
+  }
+
+  async function pick(name) {
+    state.picked = name;
+    renderList();
+    const box = $("plan");
+    box.hidden = false;
+    box.dataset.model = name;
+    box.dataset.state = "loading";
+    $("plan-title").textContent = name;
+    $("plan-machine").textContent = "Planning…";
+    $("plan-words").replaceChildren();
+    $("plan-reasons").replaceChildren();
+    $("plan-status").textContent = "";
+    const m = find(name);
+    $("btn-unload").hidden = !(m && m.meta && m.meta.loaded);
+    $("btn-load").hidden = !!(m && m.meta && m.meta.loaded);
+    try {
+      const p = await LR.api.json("/ui/api/plan?model=" + encodeURIComponent(name));
+      if (state.picked !== name) return;
+      $("plan-machine").textContent = (p.resident ? "Loaded now on " : "On ") + (p.machine || "this machine") + ":";
+      for (const w of p.words || []) $("plan-words").appendChild(el("li", null, w));
+      for (const w of p.warnings || []) $("plan-words").appendChild(el("li", "warn", w));
+      for (const r of p.reasons || []) $("plan-reasons").appendChild(el("li", null, r));
+      $("plan-more").hidden = !(p.reasons || []).length;
+      box.dataset.fits = p.fits ? "yes" : "no";
+      box.dataset.state = "ready";
+    } catch (e) {
+      if (state.picked !== name) return;
+      $("plan-machine").textContent = "";
+      $("plan-words").appendChild(el("li", "error", "No plan: " + e.message));
+      box.dataset.state = "error";
+    }
+  }
+
+  function use() {
+    if (!state.picked) return;
+    LR.store.settings.model = state.picked;
+    LR.store.saveSettings();
+    renderList();
+    renderButton();
+    LR.app.closeDrawer();
+  }
+
+  async function loadOrUnload(unload) {
+    const name = state.picked;
+    if (!name) return;
+    const status = $("plan-status");
+    status.textContent = unload ? "Unloading…" : "Loading…";
+    $("plan").dataset.state = unload ? "unloading" : "loading-model";
+    const t0 = performance.now();
+    try {
+      const body = { model: name, prompt: "", stream: false };
+      if (unload) body.keep_alive = 0;
+      await LR.api.json("/api/generate", body);
+      status.textContent = unload ? "Unloaded." : "Loaded in " + ((performance.now() - t0) / 1000).toFixed(1) + " s.";
+      await refresh();
+      await pick(name);
+      $("plan-status").textContent = unload ? "Unloaded." : "Loaded in " + ((performance.now() - t0) / 1000).toFixed(1) + " s.";
+      $("plan").dataset.state = unload ? "unloaded" : "loaded";
+    } catch (e) {
+      status.textContent = (unload ? "Could not unload: " : "Could not load: ") + e.message;
+      $("plan").dataset.state = "error";
+    }
+  }
+
+  async function pull() {
+    const name = $("pull-name").value.trim();
+    if (!name) return;
+    const bar = $("pull-progress");
+    const status = $("pull-status");
+    bar.hidden = false;
+    bar.removeAttribute("value");
+    status.textContent = "Asking for " + name + "…";
+    $("btn-pull").disabled = true;
+    try {
+      const resp = await LR.api.request("/api/pull", { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ model: name, stream: true }) });
+      let failed = null;
+      await LR.api.ndjson(resp, (ev) => {
+        if (ev.error) failed = ev.error;
+        else {
+          status.textContent = ev.status || "";
+          if (ev.total) {
+            bar.max = ev.total;
+            bar.value = ev.completed || 0;
+            status.textContent = (ev.status || "pulling") + ": " + size(ev.completed || 0) + " of " + size(ev.total);
+          }
+        }
+      });
+      if (failed) throw new Error(failed);
+      status.textContent = "Done: " + name + " is ready.";
+      bar.hidden = true;
+      await refresh();
+    } catch (e) {
+      status.textContent = "Could not pull " + name + ": " + e.message;
+      bar.hidden = true;
+    } finally {
+      $("btn-pull").disabled = false;
+    }
+  }
+
+  function init() {
+    $("btn-use").addEventListener("click", use);
+    $("btn-load").addEventListener("click", () => loadOrUnload(false));
+    $("btn-unload").addEventListener("click", () => loadOrUnload(true));
+    $("btn-pull").addEventListener("click", pull);
+    $("pull-name").addEventListener("keydown", (e) => {
+      if (e.key === "Enter") pull();
+    });
+  }
+
+  LR.models = { init, refresh, current, find, pick, state, renderButton };
+})();
