@@ -1,13 +1,20 @@
 """An agent session as Claude Code or Codex sends it, through `localrun serve` and llama.cpp's llama-server.
 
-Six turns on one conversation: an agent-sized system prompt (instructions, then tool definitions sent as the
-request's ``tools``: a few thousand tokens in all) and a first user task; each later turn appends the
+Six turns on one conversation: an agent-sized system prompt (instructions, project conventions and eight tool
+definitions: ≈ 3,000 tokens) and a first user task; each later turn appends the
 assistant's answer as the server returned it (its text, its tool call, or when the model made none a tool
 call of the script's, as an agent's next step), the tool's result (a file, a test log, a diff: hundreds of
 tokens) and a new user message, and sends the whole conversation again (stateless APIs: OpenAI chat
 completions or Anthropic messages, streamed). Per turn: prompt tokens, cached tokens (the prompt tokens the
 server did not prefill: ``usage.prompt_tokens_details.cached_tokens`` / ``cache_read_input_tokens``), reuse
-= cached / prompt, TTFT (the time to the first streamed delta of the answer: text, tool call or thinking).
+= cached / prompt and its ceiling (the previous request's prompt / this one: the new turn's own tokens cannot
+be cached), TTFT as the server measures it (localrun: its /metrics TTFT sum, arrival → first token;
+llama-server: ``timings.prompt_ms``) and as the client sees it (the first streamed delta: text, tool call or
+thinking; a tool call's first delta comes only once its name is parsed).
+
+``--tools system`` (default) puts the tool definitions in the system prompt as text, so both servers get the
+same prompt: llama-server drops a request's ``tools`` when the chat template has no tool syntax (SmolLM2's),
+while localrun renders them in its generic format. ``--tools request`` sends them as the request's tools.
 
 In the same run, llama.cpp's own llama-server (``--llama-server PATH``, env ``LLAMA_SERVER``; built from the
 same vendored llama.cpp by ``benches/build_peers.sh``; skipped with a printed reason when absent) gets its own
@@ -16,7 +23,8 @@ choice), one slot, the same threads and context (``--no-repack`` where the CPU a
 localrun applies). Both servers run at once and get each turn in turn (idle while the other works), so load
 drifts hit both. Printed: each turn's TTFT ratio localrun / llama-server. The goal: reuse ≥ 0.9 on turns 2–6.
 
-    python benches/agent_session.py [--model PATH] [--api openai|anthropic] [--threads N] [--ctx 8192]
+    python benches/agent_session.py [--model PATH] [--api openai|anthropic] [--tools system|request]
+                                    [--flash-attn default|on|off] [--threads N] [--ctx 8192]
                                     [--max-tokens 48] [--llama-server PATH]
 """
 
@@ -468,6 +476,8 @@ def localrun_server(model: Path, args, home: Path) -> Server:
     env = dict(os.environ, LOCALRUN_HOME=str(home))
     argv = [sys.executable, "-m", "localrun", "serve", str(model), "--port", "{port}", "--parallel", "1",
             "--ctx", str(args.ctx), "--threads", str(args.threads), "--log-level", "warning"]
+    if args.flash_attn != "default":
+        argv.append("--flash-attn" if args.flash_attn == "on" else "--no-flash-attn")
     return Server("localrun serve", argv, home / "localrun.log", env)
 
 
@@ -478,6 +488,8 @@ def llama_server(binary: str, model: Path, args, home: Path) -> Server:
             str(args.threads), "--host", "127.0.0.1", "--port", "{port}"]
     if cpu_advertises_amx():
         argv.append("--no-repack")  # llama.cpp's AMX kernels die here; localrun turns them off too
+    if args.flash_attn != "default":
+        argv += ["-fa", args.flash_attn]
     return Server("llama-server", argv, home / "llama-server.log")
 
 
@@ -491,6 +503,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="default: all cores, 1 on a busy machine")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--flash-attn", choices=("default", "on", "off"), default="default",
+                    help="both servers' flash attention (default: each its own: localrun off on a CPU, "
+                         "llama-server auto)")
     ap.add_argument("--tools", choices=("system", "request"), default="system",
                     help="system: the tool definitions as text in the system prompt (the same prompt on both servers: "
                          "llama-server drops a request's tools when the chat template has no tool syntax, as "
@@ -504,7 +519,7 @@ def main() -> None:
     if args.threads <= 0:
         args.threads = 1 if os.getloadavg()[0] > (os.cpu_count() or 1) else (os.cpu_count() or 1)
     print(f"agent_session: {model.name}, {args.api} API, tools in the {args.tools}, {TURNS} turns, ctx {args.ctx}, "
-          f"threads {args.threads}, "
+          f"threads {args.threads}, flash attention {args.flash_attn}, "
           f"max_tokens {args.max_tokens}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
           + ("" if peer_bin else f"; llama-server comparison skipped: {why}"), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:

@@ -24,14 +24,17 @@ N_HEAD_VISION = 2
 TOKENS_PER_IMAGE = (IMAGE_SIZE // PATCH_SIZE // SCALE_FACTOR) ** 2
 
 
-def write_tiny_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path:
+def write_tiny_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0, *, image_size: int = IMAGE_SIZE,
+                      patch_size: int = PATCH_SIZE, n_embd: int = N_EMBD_VISION, n_ff: int = N_FF_VISION,
+                      n_head: int = N_HEAD_VISION, scale_factor: int = SCALE_FACTOR) -> Path:
     """Write the projector to ``path`` and return it. ``n_embd_text``: the text model's embedding width
-    (SmolLM2-135M: 576), which ``mtmd_init_from_file`` checks against ``mm.input_projection``."""
+    (SmolLM2-135M: 576), which ``mtmd_init_from_file`` checks against ``mm.input_projection``. The keywords
+    give other vision dimensions (one layer always; Gemma 3's real ones are 896 / 14 / 1152 / 4304 / 16 / 4)."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    d, ff, p = N_EMBD_VISION, N_FF_VISION, PATCH_SIZE
-    n_patches = (IMAGE_SIZE // p) ** 2
+    d, ff, p = n_embd, n_ff, patch_size
+    n_patches = (image_size // p) ** 2
 
     def rand(*shape, scale=0.2):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -42,15 +45,15 @@ def write_tiny_mmproj(path: Path, n_embd_text: int = 576, seed: int = 0) -> Path
     w.add_bool("clip.has_vision_encoder", True)
     w.add_string("clip.projector_type", "gemma3")
     w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
+    w.add_uint32("clip.vision.image_size", image_size)
     w.add_uint32("clip.vision.patch_size", p)
     w.add_uint32("clip.vision.embedding_length", d)
     w.add_uint32("clip.vision.feed_forward_length", ff)
     w.add_uint32("clip.vision.block_count", 1)
     w.add_uint32("clip.vision.projection_dim", n_embd_text)
-    w.add_uint32("clip.vision.attention.head_count", N_HEAD_VISION)
+    w.add_uint32("clip.vision.attention.head_count", n_head)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.projector.scale_factor", SCALE_FACTOR)
+    w.add_uint32("clip.vision.projector.scale_factor", scale_factor)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 

@@ -108,3 +108,40 @@ def test_catalog_matches_gguf_header(request, fixture, name):
     assert e.n_ctx_train == spec.n_ctx_train and e.sliding_window == spec.sliding_window
     assert e.tie_embeddings == (spec.tensor("output.weight") is None)
     assert e.chat_template == bool(spec.chat_template)
+
+
+MULTIMODAL = {  # entry → (projector repo, file, bytes): the files on the hub (ggml-org's conversions)
+    "gemma-3-4b-it": ("ggml-org/gemma-3-4b-it-GGUF", "mmproj-model-f16.gguf", 851251104),
+    "gemma-3-12b-it": ("ggml-org/gemma-3-12b-it-GGUF", "mmproj-model-f16.gguf", 854200224),
+    "gemma-3-27b-it": ("ggml-org/gemma-3-27b-it-GGUF", "mmproj-model-f16.gguf", 857739168),
+    "qwen2.5-vl-3b-instruct": ("ggml-org/Qwen2.5-VL-3B-Instruct-GGUF", "mmproj-Qwen2.5-VL-3B-Instruct-Q8_0.gguf",
+                               844757728),
+    "qwen2.5-vl-7b-instruct": ("ggml-org/Qwen2.5-VL-7B-Instruct-GGUF", "mmproj-Qwen2.5-VL-7B-Instruct-Q8_0.gguf",
+                               853119712),
+    "smolvlm-500m-instruct": ("ggml-org/SmolVLM-500M-Instruct-GGUF", "mmproj-SmolVLM-500M-Instruct-Q8_0.gguf",
+                              108783360),
+}
+IMAGE_TOKENS = {"gemma3": 256, "idefics3": 64}  # (896 / 14 / 4)², (512 / 16 / 4)²: clip_n_output_tokens
+
+
+def test_multimodal_entries_name_their_projector():
+    """Each multimodal entry names its projector file (mmproj-*.gguf: what the loader finds beside the model),
+    its size, and either the vision dimensions the planner needs or why localrun refuses its images (M-RoPE)."""
+    from localrun.offload.vision import MROPE, vision_from_catalog
+
+    have = {e.name: e for e in load_catalog() if e.mmproj}
+    assert set(have) == set(MULTIMODAL)
+    vision_keys = {"image_size", "patch_size", "n_embd", "n_ff", "n_head", "n_merge"}
+    for name, e in have.items():
+        mm = e.mmproj
+        assert (mm["repo"], mm["file"], mm["bytes"]) == MULTIMODAL[name]
+        assert mm["file"].startswith("mmproj") and mm["file"].endswith(".gguf")
+        assert set(mm) <= {"repo", "file", "bytes", "projector", "refused"} | vision_keys, name
+        assert bool(mm.get("refused")) == (mm["projector"] in MROPE), name  # refused exactly for M-RoPE
+        if mm.get("refused"):
+            assert "M-RoPE" in mm["refused"] and "M-RoPE" in e.description, name
+            continue
+        assert vision_keys <= set(mm), name
+        v = vision_from_catalog(mm, e.n_embd)
+        assert v.image_tokens == IMAGE_TOKENS[mm["projector"]] and v.n_embd_text == e.n_embd
+    assert all("vision projector not included" not in e.description for e in load_catalog())

@@ -259,3 +259,43 @@ def test_chat_and_serve_load_the_chosen_context(gemma_path):
         assert any(r.startswith("context 32768 tokens") for r in ld.plan.reasons)
     finally:
         ld.engine.close()
+
+
+def test_fit_counts_a_catalog_entrys_projector_and_its_image(isolated_home, capsys):
+    """gemma-3-4b-it from the catalog: the projector's file size, one 896² image's compute buffer (flash attention
+    on: the ViT's FFN peak, offload/vision.py) and its 256 tokens; --no-mmproj-offload moves both to RAM."""
+    from localrun.commands.fit import run_fit
+    from localrun.offload.vision import vision_from_catalog
+
+    e = get_entry("gemma-3-4b-it")
+    v = vision_from_catalog(e.mmproj, e.n_embd)
+    # 4096 patches × (FFN 4304 + 2 × 1152) × 4 B + the F16 copy of the 1152 × 2560 projection
+    assert v.compute_bytes() == 4096 * (4304 + 2 * 1152) * 4 + 1152 * 2560 * 2
+    assert v.compute_bytes(flash_attn=False) == 16 * 4096**2 * 4 + 6 * 4096 * 1152 * 4  # the scores: 1 GiB
+
+    def fit(*flags):
+        assert run_fit("gemma-3-4b-it", preset="nvidia-24gb", json_out=True, **dict(flags)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    gpu, ram = fit(), fit(("no_mmproj_offload", True))
+    assert gpu["quant"] == ram["quant"] and gpu["n_gpu_layers"] == ram["n_gpu_layers"]
+    need = 851251104 + v.compute_bytes()
+    assert gpu["mmproj_bytes"] == 851251104 and gpu["mmproj_on_gpu"] and not ram["mmproj_on_gpu"]
+    assert gpu["vision"] == {"projector": "gemma3", "image_size": 896, "image_tokens": 256,
+                             "compute_bytes": v.compute_bytes(),
+                             "source": "the catalog: ggml-org/gemma-3-4b-it-GGUF/mmproj-model-f16.gguf"}
+    assert gpu["vram_bytes"] - ram["vram_bytes"] == need == ram["ram_bytes"] - gpu["ram_bytes"]
+    assert any("256 tokens" in r for r in gpu["reasons"]) and any("(--no-mmproj-offload)" in r for r in ram["reasons"])
+    # a text model's plan has no vision facts at all (its JSON is what it was before projectors)
+    assert run_fit("qwen3-8b", preset="nvidia-24gb", json_out=True) == 0
+    assert "vision" not in json.loads(capsys.readouterr().out)
+
+
+def test_fit_says_qwen25_vl_images_are_refused(isolated_home, capsys):
+    from localrun.commands.fit import run_fit
+
+    assert run_fit("qwen2.5-vl-7b-instruct", preset="nvidia-24gb", json_out=True) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["mmproj_bytes"] == 0 and "vision" not in plan  # a text-only plan …
+    warning = next(w for w in plan["warnings"] if w.startswith("images: "))  # … that says why
+    assert "M-RoPE" in warning and "mmproj-Qwen2.5-VL-7B-Instruct-Q8_0.gguf" in warning and "text only" in warning

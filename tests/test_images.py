@@ -268,6 +268,8 @@ def test_fit_inspect_and_show_count_and_name_the_projector(eng, smollm_path, mmp
     from localrun.commands.fit import run_fit
     from localrun.commands.inspect import projector_facts
     from localrun.loading import plan_load
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.vision import vision_from_gguf
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -280,6 +282,10 @@ def test_fit_inspect_and_show_count_and_name_the_projector(eng, smollm_path, mmp
     assert allocated and round(allocated / 2**20, 2) == mib
     prep = plan_load(model, backend="llamacpp", warn=False)
     assert prep.mmproj_path == folder / "mmproj-tiny.gguf" and prep.plan.mmproj_bytes == allocated
+    # its compute buffer for one image: what clip.cpp reserved (its log line), as flash attention went
+    fa, logged = _logged_compute(eng.projector.load_log)
+    assert vision_from_gguf(read_gguf(mmproj)).compute_bytes(fa) == pytest.approx(logged, rel=0.1)
+    assert prep.plan.vision["image_tokens"] == TOKENS_PER_IMAGE == _mtmd_image_tokens(eng, png_bytes(3))
     assert run_fit(model, json_out=True) == 0
     assert json.loads(capsys.readouterr().out)["mmproj_bytes"] == allocated
     assert projector_facts(model) == {"path": str(folder / "mmproj-tiny.gguf"), "projector_type": "gemma3",
@@ -287,6 +293,39 @@ def test_fit_inspect_and_show_count_and_name_the_projector(eng, smollm_path, mmp
     name = httpx.get(srv.url + "/api/tags").json()["models"][0]["name"]
     show = httpx.post(srv.url + "/api/show", json={"model": name}).json()
     assert "vision" in show["capabilities"] and show["projector_info"]["path"] == str(mmproj)
+
+
+def _logged_compute(log: list[str]) -> tuple[bool, float]:
+    """(flash attention on, the compute buffer in bytes) from clip.cpp's warm-up log lines (the last reserve)."""
+    import re
+
+    text = "\n".join(log)
+    mib = [float(m) for m in re.findall(r"compute buffer size =\s+([\d.]+) MiB", text)]
+    return "flash attention is enabled" in text, mib[-1] * 2**20
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_compute_buffer_at_gemma3_size_is_what_clip_reserves(smollm_path, tmp_path, flash_attn):
+    """A one-layer projector at Gemma 3's real vision size (896² image, 14-pixel patches, width 1152, FFN 4304,
+    16 heads): the planner's compute buffer equals clip.cpp's reserve to its log's 0.01 MiB, with and without
+    flash attention (1132 MiB without: the 16 × 4096² attention scores)."""
+    from localrun.backends import load_engine
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.offload.vision import vision_from_gguf
+
+    mm = write_tiny_mmproj(tmp_path / "mmproj-gemma3-size.gguf", image_size=896, patch_size=14, n_embd=1152,
+                           n_ff=4304, n_head=16, scale_factor=4)
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=256, flash_attn=flash_attn)
+    plan.n_threads = plan.n_threads_batch = 1
+    e = load_engine(smollm_path, plan, mmproj=str(mm))
+    try:
+        fa, logged = _logged_compute(e.projector.load_log)
+    finally:
+        e.close()
+    v = vision_from_gguf(read_gguf(mm))
+    assert fa == flash_attn and v.image_tokens == 256
+    assert abs(v.compute_bytes(flash_attn) - logged) <= 0.005 * 2**20
 
 
 def test_a_projector_for_another_model_is_refused_or_skipped(smollm_path, tmp_path):

@@ -281,3 +281,69 @@ def test_run_yes_pulls_once_then_chats(hub, isolated_home, smollm_sha):
     again = _cli("run", ref, "-p", "What is the capital of France?", "--temp", "0", "-n", "8")  # no --yes needed
     assert again.returncode == 0, again.stderr
     assert len(_downloads(hub)) == n and again.stdout == r.stdout
+
+
+# --- a multimodal catalog entry: its projector comes beside the model -------------------------------------
+
+@pytest.fixture
+def vision_hub(smollm_path, smollm_sha, monkeypatch, tmp_path):
+    """gemma-3-4b-it's catalog files on the fake hub: SmolLM2's bytes under the model's name (only the names
+    matter to pull) and the tests' tiny real Gemma-3 projector under ggml-org's projector name; and
+    qwen2.5-vl-3b-instruct's model and projector (which pull must leave on the hub)."""
+    from mmproj_tiny import write_tiny_mmproj
+
+    proj = write_tiny_mmproj(tmp_path / "tiny-mmproj.gguf")
+    h = FakeHub({"unsloth/gemma-3-4b-it-GGUF": {"gemma-3-4b-it-Q4_K_M.gguf": smollm_path},
+                 "ggml-org/gemma-3-4b-it-GGUF": {"mmproj-model-f16.gguf": proj},
+                 "ggml-org/Qwen2.5-VL-3B-Instruct-GGUF": {"Qwen2.5-VL-3B-Instruct-Q4_K_M.gguf": smollm_path,
+                                                          "mmproj-Qwen2.5-VL-3B-Instruct-Q8_0.gguf": proj}},
+                shas={smollm_path: smollm_sha})
+    monkeypatch.setenv("HF_ENDPOINT", h.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    yield h, proj
+    h.close()
+
+
+def test_pull_fetches_the_projector_beside_the_model(vision_hub, isolated_home):
+    from localrun.commands.fit import run_fit
+    from localrun.loading import find_mmproj, plan_load
+    from localrun.model.gguf_info import read_gguf
+    from localrun.store.pull import pull
+    from localrun.store.resolve import list_local_models
+
+    hub, proj = vision_hub
+    res = pull("gemma-3-4b-it:Q4_K_M")
+    folder = isolated_home / "models" / "gemma-3-4b-it"
+    assert Path(res.path) == folder / "gemma-3-4b-it-Q4_K_M.gguf" and res.status == "downloaded"
+    assert Path(res.mmproj) == folder / "mmproj-model-f16.gguf" and not res.note
+    assert sha256_file(Path(res.mmproj)) == sha256_file(proj)  # verified like the model
+    side = json.loads((folder / "mmproj-model-f16.gguf.localrun.json").read_text())
+    assert side["role"] == "mmproj" and side["sha256"] == sha256_file(proj)
+    # what loads with the model: the projector beside it, planned with its compute buffer and image tokens
+    assert find_mmproj(res.path) == Path(res.mmproj)
+    prep = plan_load(res.path, backend="llamacpp", warn=False)
+    assert prep.mmproj_path == Path(res.mmproj) and prep.plan.mmproj_bytes == read_gguf(proj).tensor_bytes
+    assert prep.plan.vision["image_tokens"] == 16 and prep.plan.vision["compute_bytes"] > 0
+    assert [m.name for m in list_local_models(external=False)] == ["gemma-3-4b-it"]  # the projector is no model
+    assert run_fit("gemma-3-4b-it:Q4_K_M", preset="nvidia-24gb") == 0  # the file's plan, its projector counted
+    # a second pull fetches neither file again
+    n = len([r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]])
+    again = pull("gemma-3-4b-it:Q4_K_M")
+    assert again.status == "up-to-date" and again.mmproj == res.mmproj
+    assert len([r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]]) == n
+
+
+def test_pull_leaves_a_refused_projector_on_the_hub_and_says_why(vision_hub, isolated_home):
+    from typer.testing import CliRunner
+
+    from localrun.cli import app
+
+    hub, _ = vision_hub
+    r = CliRunner().invoke(app, ["pull", "qwen2.5-vl-3b-instruct:Q4_K_M", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["status"] == "downloaded" and out["mmproj"] is None
+    assert "M-RoPE" in out["note"] and "mmproj-Qwen2.5-VL-3B-Instruct-Q8_0.gguf" in out["note"]
+    assert not [r for r in hub.requests if "mmproj" in r[1]]
+    assert not list((isolated_home / "models").rglob("mmproj*"))

@@ -34,6 +34,8 @@ def register(app: typer.Typer) -> None:
         cache_disk: str = typer.Option("8GiB", "--cache-disk", help="Its budget (serve --cache-disk)."),
         mmproj: Optional[str] = typer.Option(None, "--mmproj", metavar="FILE", help="The vision projector to "
                                              "count (default: an mmproj-*.gguf beside the model file)."),
+        no_mmproj_offload: bool = typer.Option(False, "--no-mmproj-offload", help="Plan the vision projector "
+                                               "on the CPU (serve/chat --no-mmproj-offload)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Plan a model for this (or another) machine: quantization, GPU layers, context, KV type, memory
@@ -41,7 +43,7 @@ def register(app: typer.Typer) -> None:
         code = run_fit(model, ctx=ctx, parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, vram=vram,
                        ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out, rpc=rpc,
                        rpc_link=rpc_link, cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk,
-                       mmproj=mmproj)
+                       mmproj=mmproj, no_mmproj_offload=no_mmproj_offload)
         if code:
             raise SystemExit(code)  # click swallows typer.Exit when standalone_mode=False
 
@@ -92,12 +94,13 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
 
 def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
             disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None, cache_ram="auto",
-            cache_dir=None, cache_disk="8GiB", mmproj=None) -> int:
+            cache_dir=None, cache_disk="8GiB", mmproj=None, no_mmproj_offload=False) -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
     whose devices join the split (``backends.hardware_with_workers``; BackendUnavailableError without the RPC
     build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
     ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``).
-    ``mmproj``: the vision projector counted with a model file (default: the one beside it)."""
+    ``mmproj``: the vision projector counted with a model file (default: the one beside it; a catalog entry's
+    own projector when planned from the catalog); ``no_mmproj_offload``: plan it in RAM."""
     from localrun.errors import ConfigError
     from localrun.machine.measurements import planner_measurement
     from localrun.store.info import plan_model_here
@@ -127,8 +130,12 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
     meas = planner_measurement("llamacpp") if detected else None  # measured speeds describe THIS machine
     title, chosen, plans = plan_model_here(model, hw, n_ctx=ctx, n_parallel=parallel, kv_type=kv_type,
                                            flash_attn=flash_attn, goal=goal, measurement=meas)
-    if chosen is not None and chosen.source == "file":
-        _add_projector(model, chosen, mmproj)
+    if chosen is not None:
+        chosen.no_mmproj_offload = no_mmproj_offload
+        if chosen.source == "file" or mmproj:
+            _add_projector(model, chosen, mmproj)
+        elif chosen.source == "catalog":
+            _add_catalog_projector(model, chosen)
     if chosen is not None and chosen.devices and chosen.source == "file" and (rpc or (detected and hw.gpus)):
         _measure_compute(model, chosen)  # the devices are real: llama.cpp's dry run sizes their compute buffers
     if json_out:
@@ -137,7 +144,7 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         best = chosen or plans[0]
         d = best.to_dict()
         d["kv_tiers"] = kv_tiers_for(best, hw, **tier_args).to_dict()
-        d["fits"] = chosen is not None
+        d["fits"] = chosen is not None and chosen.fits
         d["warnings"] = _warnings(best, plans)
         d["machine"] = hw.label or "this machine"
         keys = ("quant", "source", "quality_kld", "fits", "n_ctx", "n_gpu_layers", "n_cpu_moe", "kv_type", "split_mode",
@@ -146,7 +153,26 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         print_json(d)
     else:
         _render(title, hw, chosen, plans, tier_args)
-    return 0 if chosen is not None else 1
+    return 0 if chosen is not None and chosen.fits else 1
+
+
+def _add_catalog_projector(model, plan) -> None:
+    """Count the catalog entry's projector (models.toml ``[model.mmproj]``, ``offload.vision``): the weights
+    are its file's size on the hub, the compute buffer and image tokens come from its vision dimensions. A
+    projector localrun cannot use yet (``refused``) is a warning instead: the plan is text only."""
+    from localrun.model.catalog import get_entry
+    from localrun.offload.vision import add_vision, vision_from_catalog
+
+    e = get_entry(model) if model else None
+    mm = e.mmproj if e is not None else {}
+    if not mm:
+        return
+    if mm.get("refused"):
+        plan.warnings.append(f"images: {mm['refused']}; this plan is text only, and `localrun pull` leaves the "
+                             f"projector ({mm['repo']}/{mm['file']}) on the hub")
+        return
+    add_vision(plan, int(mm["bytes"]), vision_from_catalog(mm, e.n_embd),
+               source=f"the catalog: {mm['repo']}/{mm['file']}")
 
 
 def _add_projector(model, plan, mmproj) -> None:
@@ -238,9 +264,9 @@ def _render(title, hw, chosen, plans, tier_args=None) -> None:
     where = hw.label or "this machine"
     for w in _warnings(chosen or plans[0], plans):
         con.print(f"[yellow]warning:[/] {w}", highlight=False)
-    if chosen is None:
+    if chosen is None or not chosen.fits:  # not chosen.fits: its vision projector did not fit next to it
         con.print(f"[bold red]{title} does not fit[/] on {where}.")
-        for r in plans[0].reasons:
+        for r in (chosen or plans[0]).reasons:
             con.print(f"  • {r}", highlight=False)
     else:
         p = chosen

@@ -35,6 +35,10 @@ def register(app: typer.Typer) -> None:
         backends = installed_backends()
         builds = [build_advice(g, backends) for g in prof.gpus]
         devices = llamacpp_devices()  # what llama.cpp itself sees: the ground truth when present
+        import sys
+
+        from localrun.machine.hardware import WINDOWS_NOT_PROBED
+        not_probed = WINDOWS_NOT_PROBED if sys.platform == "win32" else None
         result = measure_llamacpp_cpu() if measure else None
         if json_out:
             d = prof.to_dict()
@@ -43,6 +47,8 @@ def register(app: typer.Typer) -> None:
             d["llamacpp_backends"] = sorted(backends)
             d["llamacpp_devices"] = devices
             d["rpc"] = rpc.to_dict()
+            if not_probed:
+                d["not_probed"] = not_probed
             if result is not None:
                 d["measurement"] = result
             print_json(d)
@@ -53,6 +59,8 @@ def register(app: typer.Typer) -> None:
             for g, b in zip(prof.gpus, builds):
                 if b:
                     stdout().print(f"GPU {g.index} {g.name}: {b}", highlight=False)
+            if not_probed:
+                stdout().print(f"Not probed: {not_probed}", highlight=False)
             if devices:
                 stdout().print("llama.cpp sees: " + "; ".join(
                     f"{v['name']} ({v['description']}, {fmt_bytes(v['free_bytes'])} free of "

@@ -40,6 +40,10 @@ def pull(
     out_verb = {"up-to-date": "already up to date", "resumed": "resumed and verified",
                 "downloaded": "downloaded and verified"}[res.status]
     err.print(f"[green]{out_verb}[/]: {res.path} ({fmt_bytes(res.size_bytes)}, sha256 {(res.sha256 or '?')[:12]}…)")
+    if res.mmproj:
+        err.print(f"vision projector beside it: {res.mmproj} (images in)")
+    if res.note:
+        err.print(f"[yellow]note[/]: {res.note}")
     err.print(f"run it: localrun chat {res.name}:{res.quant}" if res.quant else f"run it: localrun chat {res.path}")
 
 

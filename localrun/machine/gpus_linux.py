@@ -32,7 +32,7 @@ def _s(v) -> str:
 # * NVIDIA unified memory: Jetson from ``/proc/device-tree/model`` (``tegra`` in ``compatible``), DGX Spark
 #   (GB10) from NVML's answer, whose memory queries return NOT_SUPPORTED there: both count ``/proc/meminfo``
 #   once, as the one pool the CPU and GPU share.
-# * Windows: not probed here (NVML still runs); DXGI adapter memory is not read.
+# * Windows: not here: DXGI adapter memory in gpus_windows.py (NVML still runs).
 
 # what the OS and the desktop keep when the GPU shares RAM (the GTT rule's floor for the host)
 OS_RESERVE_BYTES = 4 * GiB

@@ -1,4 +1,5 @@
-"""What this machine has: CPU, RAM, GPUs (NVIDIA through NVML, Apple unified memory), and the model disk.
+"""What this machine has: CPU, RAM, GPUs (NVIDIA through NVML, AMD/Intel/Jetson from sysfs on Linux, DXGI on
+Windows, Apple unified memory), and the model disk.
 
 ``probe_hardware()`` assembles a ``HardwareProfile`` from small probe functions. Each probe is a
 parameter, so tests (and ``localrun fit --vram 24GiB``) describe machines this box is not. Profiles
@@ -11,6 +12,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +27,7 @@ from localrun.machine.gpus_linux import (  # noqa: F401  (re-exported: the probe
     probe_nvidia_unified,
     unified_pool,
 )
+from localrun.machine.gpus_windows import WINDOWS_NOT_PROBED, probe_dxgi  # noqa: F401  (re-exported)
 from localrun.machine.profile import CpuInfo, DiskInfo, GiB, GpuInfo, HardwareProfile  # noqa: F401
 from localrun.units import fmt_bytes, parse_bytes  # noqa: F401  (re-exported for existing importers)
 
@@ -190,14 +193,23 @@ def probe_hardware(
     apple: Callable[[int, int], list[GpuInfo]] = probe_apple,
     disk: Callable[[str], DiskInfo] = probe_disk,
     linux_gpus: Callable[[int, int], list[GpuInfo]] = probe_linux_gpus,
+    windows: Callable[[int, int], list[GpuInfo]] = probe_dxgi,
 ) -> HardwareProfile:
     """Detect this machine. Every probe is replaceable (tests inject a 24 GB GPU or a 16 GB Mac, or point
-    ``probe_linux_gpus`` at a recorded sysfs tree)."""
+    ``probe_linux_gpus`` at a recorded sysfs tree). ``windows`` (DXGI) is called only on Windows; its NVIDIA
+    adapters are left out when NVML reported NVIDIA cards (NVML gives their free memory)."""
     total, avail = memory()
     gpus = nvidia()
+    if sys.platform == "win32":
+        gpus += [g for g in windows(total, avail) if not (g.vendor == "nvidia" and any(n.vendor == "nvidia"
+                                                                                        for n in gpus))]
     gpus += [g for g in linux_gpus(total, avail)
              if not (g.vendor == "nvidia" and any(n.vendor == "nvidia" and n.unified for n in gpus))]
     gpus += apple(total, avail)
+    # discrete GPUs first, integrated ones (unified memory) after: llama.cpp's device order (src/llama.cpp
+    # llama_model_load_from_file_impl adds iGPUs only when no other GPU is there), so a discrete card's
+    # position here is the main_gpu llama.cpp takes (offload/devices.py gpu_list_of)
+    gpus.sort(key=lambda g: g.unified)
     if models_dir is None:
         from localrun.config import get_settings
 

@@ -29,6 +29,18 @@ Schema of one entry (``[[model]]`` table; see models.toml)::
     # a split GGUF is named by its first part (…-00001-of-00003.gguf); pull fetches every part
     Q4_K_M = { repo = "Qwen/Qwen3-8B-GGUF", file = "Qwen3-8B-Q4_K_M.gguf" }
     mlx = { repo = "mlx-community/Qwen3-8B-4bit" }
+    [model.mmproj]               # a multimodal model's projector: pulled beside the model file
+    repo = "ggml-org/gemma-3-4b-it-GGUF"
+    file = "mmproj-model-f16.gguf"  # named mmproj-*.gguf: the loader finds it beside the model
+    bytes = 851251104            # the file's size on the hub
+    projector = "gemma3"         # clip.projector_type
+    image_size = 896             # clip.vision.*: pixels per side, patch pixels, width, FFN width, heads,
+    patch_size = 14              # patches merged per side (offload/vision.py: compute buffer, tokens)
+    n_embd = 1152
+    n_ff = 4304
+    n_head = 16
+    n_merge = 4
+    refused = "…"                # set: localrun cannot take this projector's images yet (the reason)
 """
 
 from __future__ import annotations
@@ -68,6 +80,7 @@ class CatalogEntry:
     chat_template: bool = True
     description: str = ""
     sources: dict = field(default_factory=dict)
+    mmproj: dict = field(default_factory=dict)  # the vision projector (module docstring), {} = text only
 
     @property
     def quants(self) -> list[str]:

@@ -208,15 +208,19 @@ def row_split_gpu_s(gpu_bytes_per_token: float, shares: list[float], bandwidths_
 
 
 def gpu_list_of(hw, gpu_indices: tuple[int, ...] | None) -> list:
-    """The devices a plan uses, in llama.cpp's order (RPC devices first, src/llama.cpp): ``gpu_indices``
-    of ``hw.gpus``, else all of them (Apple's single unified GPU alone)."""
+    """The devices a plan uses, in llama.cpp's order: ``gpu_indices`` of ``hw.gpus``, else llama.cpp's default
+    list (src/llama.cpp ``llama_model_load_from_file_impl``): RPC devices first, then the discrete GPUs;
+    integrated GPUs (``unified`` here: an APU, an iGPU, Apple's, GB10) only when no discrete GPU is there
+    ("add integrated GPUs only if no other devices were found"), and then the first of them. So a desktop
+    with an iGPU next to its graphics card plans on the card, as llama.cpp loads."""
     if hw is None or not hw.gpus:
         return []
     if gpu_indices is not None:
         return [hw.gpus[i] for i in gpu_indices]
-    if any(g.unified for g in hw.gpus):
+    discrete = [g for g in hw.gpus if g.backend != "rpc" and not g.unified]
+    if any(g.unified for g in hw.gpus) and not discrete:
         return [next(g for g in hw.gpus if g.unified)]
-    return [g for g in hw.gpus if g.backend == "rpc"] + [g for g in hw.gpus if g.backend != "rpc"]
+    return [g for g in hw.gpus if g.backend == "rpc"] + discrete
 
 
 def place_model(spec, kv, gpu_list, ngl, compute, fa, n_ubatch, offload_kqv, n_cpu_moe, *, margin: float):

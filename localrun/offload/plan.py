@@ -77,9 +77,15 @@ class Plan:
     mmproj_bytes: int = 0  # the vision projector's weights (add_projector)
     mmproj_on_gpu: bool = False
     no_mmproj_offload: bool = False  # keep the projector on the CPU (llama-server's --no-mmproj-offload)
+    # the projector's image facts (offload.vision.add_vision): projector, image_size (px), image_tokens,
+    # compute_bytes (one image's compute buffer, counted with mmproj_bytes), source; empty without one
+    vision: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["vision"]:
+            del d["vision"]  # text-only plans print as they did before projectors were planned
+        return d
 
 
 def simple_plan(spec, hardware=None, *, n_ctx: int | None = None, n_gpu_layers: int | None = None,
@@ -431,24 +437,14 @@ def add_draft_model(plan: Plan, draft) -> Plan:
 
 
 def add_projector(plan: Plan, proj) -> Plan:
-    """Add a vision projector (``proj``: the mmproj GGUF's ModelSpec) to ``plan``, in place: its weights,
-    the sum of its tensors' bytes (what tools/mtmd/clip.cpp ``clip_model_loader`` allocates and logs as
-    "model size"), on the GPU when the plan offloads layers and they fit in the VRAM left (llama-server's
-    ``--mmproj-offload`` default) unless ``plan.no_mmproj_offload``, else in RAM. Its compute buffer (one
-    image's graph) is not counted yet. Sets ``fits`` False when the RAM budget is then exceeded. Returns
-    ``plan``."""
-    plan.mmproj_bytes = int(proj.tensor_bytes)
-    free_vram = plan.vram_budget_bytes - plan.vram_bytes
-    if plan.n_gpu_layers != 0 and plan.vram_budget_bytes and plan.mmproj_bytes <= free_vram \
-            and not plan.no_mmproj_offload:
-        plan.mmproj_on_gpu = True
-        plan.vram_bytes += plan.mmproj_bytes
-        plan.reasons.append(f"vision projector on the GPU ({_gib(plan.mmproj_bytes)})")
-        return plan
-    plan.ram_bytes += plan.mmproj_bytes
-    plan.ram_anon_bytes += plan.mmproj_bytes
-    plan.reasons.append(f"vision projector in RAM ({_gib(plan.mmproj_bytes)})")
-    if plan.ram_budget_bytes and plan.ram_anon_bytes > plan.ram_budget_bytes:
-        plan.fits = False
-        plan.reasons.append("the vision projector does not fit next to the model")
+    """Add a vision projector (``proj``: the mmproj GGUF's ModelSpec) to ``plan``, in place: its weights, the
+    sum of its tensors' bytes (what tools/mtmd/clip.cpp ``clip_model_loader`` allocates and logs as "model
+    size"), and its compute buffer for one image at the projector's image size, with the image's tokens
+    (``offload.vision``): on the GPU when the plan offloads layers and they fit in the VRAM left
+    (llama-server's ``--mmproj-offload`` default) unless ``plan.no_mmproj_offload``, else in RAM. Sets
+    ``fits`` False when the RAM budget is then exceeded. Returns ``plan``."""
+    from localrun.offload.vision import add_vision, vision_from_gguf
+
+    where = "the projector file " + str(getattr(proj, "path", ""))
+    add_vision(plan, int(proj.tensor_bytes), vision_from_gguf(proj), source=where)
     return plan

@@ -204,7 +204,8 @@ def _one_card(spec, hw, kv_type: str, kw: dict) -> Plan | None:
     gpus = D.gpu_list_of(hw, None)
     if len(gpus) < 2:
         return None
-    local = [i for i, g in enumerate(hw.gpus) if g.backend != "rpc"]  # a worker joins only when needed
+    # a worker joins only when needed; an iGPU next to a graphics card is not in llama.cpp's list
+    local = [i for i, g in enumerate(hw.gpus) if g.backend != "rpc" and any(g is x for x in gpus)]
     order = sorted(local, key=lambda i: (-S.gpu_tier(hw.gpus[i]).bandwidth_gbps, -hw.gpus[i].usable_bytes))
     for i in order:
         p = evaluate(spec, hw, kv_type=kv_type, n_gpu_layers=spec.n_layer + 1, gpu_indices=(i,), **kw)

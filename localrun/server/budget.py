@@ -1,6 +1,7 @@
 """What a resident model holds and what the server may hold, by the planner's bytes, per memory: RAM and each
 GPU on its own (a model split over two cards holds its share on each, as ``Plan.devices`` says; a model on
-one card leaves the others free). Split from ``server/models.py``, which decides residency with them."""
+one card leaves the others free; a GPU that shares the RAM counts its bytes against the RAM too, once). Split
+from ``server/models.py``, which decides residency with them."""
 
 from __future__ import annotations
 
@@ -42,22 +43,48 @@ class Need:
 class Budget:
     """What the server may hold, bytes; ``None``: no limit. ``vram_by_gpu``: each GPU's own budget (index into
     ``HardwareProfile.gpus`` → bytes); without it, ``vram_bytes`` bounds the VRAM of all GPUs together.
-    ``max_models``: a count cap."""
+    ``max_models``: a count cap. ``shared``: the GPUs whose memory IS the RAM (``GpuInfo.unified``: Apple
+    Silicon, an AMD APU's GTT pool, an Intel iGPU, DGX Spark's GB10, Jetson): what a model holds there is
+    counted once, against its GPU's budget and, with the RAM the models hold, against ``ram_bytes`` (one
+    pool: a model on Strix Halo in 30 GiB of GTT leaves 30 GiB less RAM for the next one)."""
 
     ram_bytes: int | None = None
     vram_bytes: int | None = None
     max_models: int | None = None
     vram_by_gpu: dict[int, int] | None = None
+    shared: tuple[int, ...] = ()
+
+    def over(self, used: Need, n_models: int) -> list:
+        """The caps ``used`` and ``n_models`` models exceed: "models", "ram" (RAM, with the shared GPUs'
+        bytes), a GPU's index (its own budget), "vram" (all GPUs together, without per-GPU budgets)."""
+        out: list = []
+        if self.max_models is not None and n_models > self.max_models:
+            out.append("models")
+        if self.ram_bytes is not None and self.ram_held(used) > self.ram_bytes:
+            out.append("ram")
+        if self.vram_by_gpu is not None:
+            out += [i for i, b in sorted(used.vram_by_gpu.items()) if b > self.vram_by_gpu.get(i, 0)]
+        elif self.vram_bytes is not None and used.vram_bytes > self.vram_bytes:
+            out.append("vram")
+        return out
 
     def fits(self, used: Need, n_models: int) -> bool:
         """Whether ``used`` (the sum of the residents' needs) and ``n_models`` models stay within every cap."""
-        if self.max_models is not None and n_models > self.max_models:
-            return False
-        if self.ram_bytes is not None and used.ram_bytes > self.ram_bytes:
-            return False
-        if self.vram_by_gpu is not None:
-            return all(b <= self.vram_by_gpu.get(i, 0) for i, b in used.vram_by_gpu.items())
-        return self.vram_bytes is None or used.vram_bytes <= self.vram_bytes
+        return not self.over(used, n_models)
+
+    def ram_held(self, used: Need) -> int:
+        """The RAM ``used`` holds, bytes: its own, plus what it holds on the GPUs that share the RAM."""
+        return used.ram_bytes + sum(used.vram_by_gpu.get(i, 0) for i in self.shared)
+
+    def frees(self, need: Need, cap) -> bool:
+        """Whether unloading a model holding ``need`` lowers the use of ``cap`` (an item of ``over``)."""
+        if cap == "models":
+            return True
+        if cap == "ram":
+            return self.ram_held(need) > 0
+        if cap == "vram":
+            return need.vram_bytes > 0
+        return need.vram_by_gpu.get(cap, 0) > 0
 
 
 def vram_by_device(plan, hw=None) -> dict[int, int]:
@@ -105,6 +132,8 @@ def budget_text(b: Budget) -> str:
         parts.append("VRAM " + (" and ".join(each) if len(each) <= 2 else ", ".join(each)))
     elif b.vram_bytes is not None:
         parts.append(f"{_fmt(b.vram_bytes)} of VRAM")
+    if b.shared:
+        parts.append(f"GPU {', '.join(str(i) for i in b.shared)} sharing the RAM (counted once)")
     if b.max_models is not None:
         parts.append(f"{b.max_models} model{'s' if b.max_models != 1 else ''}")
     return ", ".join(parts)

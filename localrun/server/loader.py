@@ -143,15 +143,21 @@ class PlannerLoader:
 def budget_hardware(hw, *, max_ram_bytes: int | None = None, max_vram_bytes: int | None = None,
                     max_models: int | None = None):
     """(the profile to plan with, the ``Budget``): the probed free RAM, and each GPU's usable VRAM (its own
-    budget), capped by ``max_ram_bytes`` and ``max_vram_bytes`` (a cap on each GPU). Raises nothing."""
+    budget), capped by ``max_ram_bytes`` and ``max_vram_bytes`` (a cap on each GPU). A GPU that shares the
+    RAM (``GpuInfo.unified``) is one pool with it: its budget is capped by the RAM budget too, and the
+    ``Budget`` counts its bytes against the RAM (``Budget.shared``). Raises nothing."""
     ram = hw.ram_available_bytes if max_ram_bytes is None else min(max_ram_bytes, hw.ram_available_bytes)
     gpus, per_gpu = [], {}
     for i, g in enumerate(hw.gpus):
         vram = g.usable_bytes if max_vram_bytes is None else min(max_vram_bytes, g.usable_bytes)
+        if g.unified:
+            vram = min(vram, ram)
         gpus.append(replace(g, free_bytes=vram, working_set_bytes=min(g.working_set_bytes, vram)
                             if g.working_set_bytes else None))
         per_gpu[i] = vram
-    budget = Budget(ram, sum(per_gpu.values()) if per_gpu else None, max_models, per_gpu if per_gpu else None)
+    shared = tuple(i for i, g in enumerate(hw.gpus) if g.unified)
+    budget = Budget(ram, sum(per_gpu.values()) if per_gpu else None, max_models, per_gpu if per_gpu else None,
+                    shared)
     return replace(hw, ram_available_bytes=ram, gpus=gpus), budget
 
 

@@ -11,9 +11,12 @@ resident model, loading it first when needed:
 * **Residency by memory** (``residency.py`` decides, the registry acts). A load is planned first
   (``Loader.plan``: the planner's VRAM and RAM bytes at the server's context and parallel slots). A model
   that cannot fit even alone is a 400 with the planner's reasons. Otherwise, if it does not fit next to the
-  residents (or ``max_models`` is reached), idle residents are unloaded, least recently used first. A
-  resident with a request in flight (from routing to the last byte of its response), or pinned, is never
-  unloaded: the load waits until memory frees, at most ``load_wait_s`` (then 503 + Retry-After).
+  residents (or ``max_models`` is reached), idle residents are unloaded, least recently used first among
+  those holding memory where it is short; a model that fits on any of several cards (any vendor) is planned
+  onto the card of the least recently used one (``_plan_for_lru``). A GPU sharing the RAM (Apple, an APU,
+  DGX Spark) is one pool with it (``Budget.shared``). A resident with a request in flight (from routing to
+  the last byte of its response), or pinned, is never unloaded: the load waits until memory frees, at most
+  ``load_wait_s`` (then 503 + Retry-After).
 * **Keep-alive** (Ollama's semantics): after its last request a model stays ``keep_alive`` seconds (the
   request's ``keep_alive``, else the model's last one, else the server default); 0 unloads it when the
   request ends, a negative value keeps it forever. Pinned models stay until explicitly unloaded.
@@ -228,8 +231,9 @@ class ModelRegistry:
             raise ModelNotFoundError(name or key, hint="this server serves only the models it was started with")
         t0 = time.perf_counter()
         planned = await run_in_threadpool(self.loader.plan, key, n_ctx, self.residency.used().vram_by_gpu)
-        planned.plan_s = time.perf_counter() - t0
         self.residency.check_alone(name or key, planned)
+        planned = await self._plan_for_lru(key, n_ctx, planned)
+        planned.plan_s = time.perf_counter() - t0
         await self._make_room(key, name or key, planned.need)
         try:
             engine = await run_in_threadpool(self.loader.load, planned)
@@ -245,6 +249,26 @@ class ModelRegistry:
         st.scheduler.start()
         self._notify()
         return self.residents[key]
+
+    async def _plan_for_lru(self, key: str, n_ctx: int | None, planned: Planned) -> Planned:
+        """``planned``, unless making room for it would unload a resident while a less recently used one
+        stays (several cards: it would go to the card its plan alone picks): then the plan around the
+        residents left once the k least recently used idle ones go (k = 1, 2, …), the first that unloads only
+        those and gives as much (same context, GPU layers and KV type), so a model that fits on either card
+        replaces the least recently used model, whatever its card or vendor."""
+        from starlette.concurrency import run_in_threadpool
+
+        victims = self.residency.victims(planned.need, self._idle)
+        lru = self.residency.lru(self._idle)
+        if not victims or victims == lru[:len(victims)]:
+            return planned
+        for k in range(1, len(lru)):
+            gone = lru[:k]
+            alt = await run_in_threadpool(self.loader.plan, key, n_ctx, self.residency.held_without(gone))
+            v = self.residency.victims(alt.need, self._idle)
+            if alt.fits and alt.given == planned.given and v is not None and set(v) <= set(gone):
+                return alt
+        return planned
 
     async def _make_room(self, key: str, name: str, need: Need) -> None:
         """Reserve ``need`` for ``key``, unloading idle residents (LRU first) as needed; wait (at most

@@ -8,7 +8,8 @@ the engine is closed). Its decisions:
 * ``check_alone``: a model that cannot fit even alone is a 400 with the planner's reasons;
 * ``check_next_to``: at start-up a model must fit next to the models loaded before it (nothing is evicted);
 * ``victims``: when a model does not fit next to the residents (or ``max_models`` is reached), the idle
-  residents to unload, least recently used first. A resident with a request in flight, or pinned, is never a
+  residents to unload, least recently used first among those holding memory where the budget is short (a
+  model on another card stays). A resident with a request in flight, or pinned, is never a
   victim (the caller says which are idle: ``ModelRegistry`` knows the requests); when only busy ones hold
   the memory there is no answer yet, and the load waits (``ModelsBusyError`` past ``load_wait_s``).
 
@@ -148,20 +149,33 @@ class Residency:
 
     def victims(self, need: Need, idle: Callable[[Resident], bool]) -> list[Resident] | None:
         """The idle residents (``idle(r)``, never a pinned one) to unload so that ``need`` fits, least recently
-        used first: [] when it fits already, None when it cannot fit until a busy model goes idle."""
+        used first among those that hold memory where the budget is exceeded (a model on another card, or
+        one holding nothing of the pool that is short, stays): [] when it fits already, None when it
+        cannot fit until a busy model goes idle."""
         used = self.used() + need
         n = len(self.residents) + len(self.reserved) + 1
         out: list[Resident] = []
-        candidates = sorted((r for r in self.residents.values() if idle(r) and not r.pinned),
-                            key=lambda r: r.last_used)
-        while not self.budget.fits(used, n):
-            if not candidates:
+        candidates = self.lru(idle)
+        while over := self.budget.over(used, n):
+            r = next((c for c in candidates if any(self.budget.frees(c.need, cap) for cap in over)), None)
+            if r is None:
                 return None
-            r = candidates.pop(0)
+            candidates.remove(r)
             out.append(r)
             used = used - r.need
             n -= 1
         return out
+
+    def lru(self, idle: Callable[[Resident], bool]) -> list[Resident]:
+        """The residents that may be unloaded (``idle(r)``, not pinned), least recently used first."""
+        return sorted((r for r in self.residents.values() if idle(r) and not r.pinned), key=lambda r: r.last_used)
+
+    def held_without(self, gone: list[Resident]) -> dict[int, int]:
+        """The VRAM held on each GPU (index → bytes) once the residents ``gone`` are unloaded."""
+        used = self.used()
+        for r in gone:
+            used = used - r.need
+        return used.vram_by_gpu
 
     def begin_unload(self, r: Resident) -> None:
         """``r`` leaves the residents; its memory stays held until ``end_unload``."""

@@ -93,6 +93,8 @@ class PullResult:
     reason: str = ""
     resumed_from_bytes: int = 0
     elapsed_s: float = 0.0
+    mmproj: str | None = None  # the vision projector pulled beside the model (a catalog entry's), its path
+    note: str = ""  # what the user should know: a projector localrun cannot use yet, left on the hub
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -355,6 +357,7 @@ def pull(
     side.update(name=pref.name, quant=chosen.quant or side.get("quant"))
     if status != "up-to-date":
         write_json_atomic(dest.with_name(dest.name + SIDECAR_SUFFIX), side)
+    mmproj, note = _pull_projector(pref, dest.parent, disk_free, on_progress, force)
     return PullResult(
         pref.name,
         chosen.repo,
@@ -368,4 +371,24 @@ def pull(
         reason,
         side.get("resumed_from_bytes", 0) if status == "resumed" else 0,
         time.monotonic() - t0,
+        mmproj,
+        note,
     )
+
+
+def _pull_projector(pref: PullRef, folder: Path, disk_free, on_progress, force: bool) -> tuple[str | None, str]:
+    """A catalog entry's vision projector (models.toml ``[model.mmproj]``) downloaded into ``folder`` beside
+    the model under its hub name (``mmproj-*.gguf``: ``loading.find_mmproj`` loads it with the model), verified
+    like the model → (its path, ""). A projector localrun cannot use yet (``refused``) is not fetched →
+    (None, why). Nothing for a hub reference or a text model."""
+    mm = pref.entry.mmproj if pref.entry is not None else {}
+    if not mm:
+        return None, ""
+    if mm.get("refused"):
+        return None, f"text only: {mm['refused']}, so its projector ({mm['repo']}/{mm['file']}) was not pulled"
+    dest = folder / Path(mm["file"]).name
+    side = download_file(mm["repo"], mm["file"], dest, disk_free=disk_free, on_progress=on_progress, force=force)
+    if side.pop("status", "downloaded") != "up-to-date":
+        side.update(name=pref.name, role="mmproj")
+        write_json_atomic(dest.with_name(dest.name + SIDECAR_SUFFIX), side)
+    return str(dest), ""

@@ -4,7 +4,7 @@ the package (``static/``: no CDN, no build step), that talks only to the server'
 ``/api/generate``, pulls through ``/api/pull``, live numbers from ``/api/ps`` and ``/metrics``. Its one
 route of its own, ``/ui/api/plan``, says how a model would load here before it loads (``plan.py``).
 
-``/ui`` and ``/ui/static/*`` are open without the API key (the page asks for the key and sends it on every
+``/ui``, ``/ui/`` and ``/ui/static/*`` are open without the API key (the page asks for the key and sends it on every
 API request); the page carries a strict Content-Security-Policy (``routes.py``).
 
 It may import the serving core (``localrun.server``'s modules), ``localrun.units`` and ``localrun.errors``;
@@ -13,7 +13,7 @@ never another wing.
 
 from __future__ import annotations
 
-ENDPOINTS = frozenset({"/ui", "/ui/api/plan"})
+ENDPOINTS = frozenset({"/ui", "/ui/", "/ui/api/plan"})
 
 
 def register(app, registry) -> None:

@@ -1,4 +1,4 @@
-"""The web page's routes: ``/ui`` (the page), ``/ui/static/NAME`` (its script, style and icon files, from
+"""The web page's routes: ``/ui`` and ``/ui/`` (the page), ``/ui/static/NAME`` (its script, style and icon files, from
 ``static/`` in the package) and ``/ui/api/plan?model=NAME`` (how the model would load here: ``plan.py``).
 
 Every page response carries a strict Content-Security-Policy (``CSP``): scripts, styles and requests only
@@ -35,8 +35,9 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
     files = static_files()
 
     @app.api_route("/ui", methods=["GET", "HEAD"])
+    @app.api_route("/ui/", methods=["GET", "HEAD"])
     async def page() -> Response:
-        """The web page (``static/index.html``)."""
+        """The web page (``static/index.html``), at ``/ui`` and ``/ui/`` alike (its files' URLs are absolute)."""
         return FileResponse(STATIC / "index.html", media_type=TYPES[".html"], headers=HEADERS)
 
     @app.api_route("/ui/static/{name}", methods=["GET", "HEAD"])

@@ -235,6 +235,7 @@
     c.messages.push({ role: "assistant", content: "", pending: true });
     LR.store.persist(c);
     renderAll();
+    LR.app && LR.app.onConversation(c);
     generate(c.messages.length - 1);
     return true;
   }
@@ -267,8 +268,9 @@
       c.messages = c.messages.slice(0, idx);
       c.messages.push(Object.assign({}, m, { content: ta.value }));
       c.messages.push({ role: "assistant", content: "", pending: true });
-      LR.store.persist(c);
+      LR.store.persist(c); // an edit of the first message retitles the conversation
       renderAll();
+      LR.app && LR.app.onConversation(c);
       generate(c.messages.length - 1);
     });
     go.classList.add("primary");

@@ -144,15 +144,20 @@
     }
   }
 
+  // pulls the name typed in "Get a model": the bar follows /api/pull's byte counts, stays full when done,
+  // and the picker then shows the new model's plan. #pull's data-state: pulling, done or error.
   async function pull() {
     const name = $("pull-name").value.trim();
-    if (!name) return;
+    if (!name || $("btn-pull").disabled) return;
+    const box = $("pull");
     const bar = $("pull-progress");
     const status = $("pull-status");
+    box.dataset.state = "pulling";
     bar.hidden = false;
-    bar.removeAttribute("value");
+    bar.removeAttribute("value"); // indeterminate until the first byte count
     status.textContent = "Asking for " + name + "…";
     $("btn-pull").disabled = true;
+    let pulled = name;
     try {
       const resp = await LR.api.request("/api/pull", { method: "POST", headers: { "Content-Type": "application/json" },
         body: JSON.stringify({ model: name, stream: true }) });
@@ -166,15 +171,19 @@
             bar.value = ev.completed || 0;
             status.textContent = (ev.status || "pulling") + ": " + size(ev.completed || 0) + " of " + size(ev.total);
           }
+          if (ev.localrun && ev.localrun.name) pulled = ev.localrun.name;
         }
       });
       if (failed) throw new Error(failed);
-      status.textContent = "Done: " + name + " is ready.";
-      bar.hidden = true;
+      bar.value = bar.max;
       await refresh();
+      status.textContent = "Done: " + pulled + " is ready.";
+      box.dataset.state = "done";
+      if (find(pulled)) await pick(pulled);
     } catch (e) {
       status.textContent = "Could not pull " + name + ": " + e.message;
       bar.hidden = true;
+      box.dataset.state = "error";
     } finally {
       $("btn-pull").disabled = false;
     }

@@ -43,13 +43,16 @@
     return c;
   }
 
+  // a conversation's title: its first message's opening words (it follows an edit of that message)
+  function title(c) {
+    const first = c.messages.find((m) => m.role === "user");
+    return (first && first.content.replace(/\s+/g, " ").trim().slice(0, 60)) || "New chat";
+  }
+
   function persist(c) {
     if (c) {
       c.updated_ms = Date.now();
-      if (c.title === "New chat") {
-        const first = c.messages.find((m) => m.role === "user");
-        if (first) c.title = first.content.replace(/\s+/g, " ").slice(0, 60) || "New chat";
-      }
+      c.title = title(c);
     }
     save(K_CONVS, convs);
   }
