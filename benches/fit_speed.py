@@ -165,7 +165,7 @@ print(json.dumps({"prefill": pre.prefill_tok_s, "prefill_n": pre.prompt_tokens -
 
 
 def measure(path: Path, args) -> dict:
-    r = subprocess.run(["nice", "-n", "10", sys.executable, "-c", CHILD, str(path), str(args.ctx), str(args.prefill),
+    r = subprocess.run([sys.executable, "-c", CHILD, str(path), str(args.ctx), str(args.prefill),
                         str(args.decode)], capture_output=True, text=True, cwd=ROOT)
     if r.returncode:
         raise RuntimeError(f"measuring {path.name} failed:\n{r.stderr[-2000:]}")
@@ -184,7 +184,7 @@ def fit_estimate(path: Path, ctx: int | None) -> dict:
 def llama_bench(binary: str, path: Path, args, threads: int) -> dict:
     from localrun.backends.llamacpp.lib import cpu_advertises_amx
 
-    cmd = ["nice", "-n", "10", binary, "-m", str(path), "-p", str(args.prefill), "-n", str(args.decode), "-t",
+    cmd = [binary, "-m", str(path), "-p", str(args.prefill), "-n", str(args.decode), "-t",
            str(threads), "-r", "1", "-o", "json"] + (["--repack", "0"] if cpu_advertises_amx() else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:

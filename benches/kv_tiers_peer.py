@@ -44,6 +44,7 @@ class LlamaServer:
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        Path(self.slot_dir).mkdir(parents=True, exist_ok=True)  # llama-server exits (usage, 1) without it
         cmd = [self.binary, "-m", str(self.model), "-c", str(self.n_ctx), "-np", "1", "-t", str(self.threads),
                "-tb", str(self.threads), "--host", "127.0.0.1", "--port", str(port), "--cache-ram", "4096",
                "--slot-save-path", str(self.slot_dir)]
@@ -56,7 +57,8 @@ class LlamaServer:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {self.log}")
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); its log ends:\n"
+                                   + Path(self.log).read_text(errors="replace")[-1500:])
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self

@@ -136,6 +136,8 @@ def run_round(model: Path, round_no: int, args, peer_bin: str | None) -> dict:
         finally:
             srv.stop()
             reg.close()
+        print(f"  round {round_no}, localrun: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                        for k, v in out.items()), flush=True)
         if peer_bin:
             peer = LlamaServer(peer_bin, model, N_CTX, args.threads, home / "slots", home / "peer.log").start()
             try:

@@ -310,7 +310,7 @@ def test_pull_fetches_the_projector_beside_the_model(vision_hub, isolated_home):
     from localrun.loading import find_mmproj, plan_load
     from localrun.model.gguf_info import read_gguf
     from localrun.store.pull import pull
-    from localrun.store.resolve import list_local_models
+    from localrun.store.resolve import list_local_models, remove_pulled
 
     hub, proj = vision_hub
     res = pull("gemma-3-4b-it:Q4_K_M")
@@ -332,6 +332,8 @@ def test_pull_fetches_the_projector_beside_the_model(vision_hub, isolated_home):
     again = pull("gemma-3-4b-it:Q4_K_M")
     assert again.status == "up-to-date" and again.mmproj == res.mmproj
     assert len([r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]]) == n
+    # removing the model takes its projector with it
+    assert remove_pulled("gemma-3-4b-it") == [res.path, res.mmproj] and not folder.exists()
 
 
 def test_pull_leaves_a_refused_projector_on_the_hub_and_says_why(vision_hub, isolated_home):

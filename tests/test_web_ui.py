@@ -179,6 +179,16 @@ def ui(browser, server):
         p.close()
 
 
+# hands the page a PNG as a drop on the chat or a paste into the message box would (a DataTransfer with a File)
+GIVE_IMAGE = """([how, b64]) => { const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    const dt = new DataTransfer(); dt.items.add(new File([bytes], how + '.png', {type: 'image/png'}));
+    const init = {bubbles: true, cancelable: true};
+    if (how === 'drop') document.querySelector('.chat').dispatchEvent(new DragEvent('drop',
+        {...init, dataTransfer: dt}));
+    else document.getElementById('input').dispatchEvent(new ClipboardEvent('paste',
+        {...init, clipboardData: dt})); }"""
+
+
 def active_sequences(url: str) -> float:
     """The server's ``localrun_active_sequences`` gauge, summed over models (/metrics)."""
     text = httpx.get(url + "/metrics", timeout=30).text
@@ -220,6 +230,11 @@ def test_page_loads_with_no_console_errors(ui, server):
     r = httpx.get(server.url + "/ui/api/plan", params={"model": "no-such-model"}, timeout=60)
     assert r.status_code == 404 and "no-such-model" in r.json()["error"]["message"]
     assert not p.page.is_visible("#btn-attach")  # SmolLM2 has no vision projector: no image button
+    from mmproj_tiny import png_bytes  # ... and an image dropped on the chat is refused with a notice
+
+    p.page.evaluate(GIVE_IMAGE, ["drop", base64.b64encode(png_bytes(1)).decode()])
+    p.page.wait_for_selector("#notice:not([hidden])")
+    assert "does not take images" in p.page.inner_text("#notice") and p.page.is_hidden("#attachments")
     weight = sum(f.stat().st_size for f in STATIC.iterdir() if f.suffix in (".js", ".css"))
     assert weight < 300_000, f"the page's JS and CSS weigh {weight} bytes"
 
@@ -268,7 +283,7 @@ def test_a_question_streams_an_answer_that_survives_a_reload(ui):
 
 def test_the_title_follows_an_edit_of_the_first_message(ui):
     p = ui()
-    p.settings(max_tokens=4, temperature=0, extra=NO_THINKING)
+    p.settings(max_tokens=1, temperature=0, extra=NO_THINKING)
     p.page.click("#btn-new")
     p.ask("Name a colour.")
     p.last_answer()
@@ -330,12 +345,19 @@ def test_the_model_picker_shows_gemmas_plan_and_loads_it(ui, server):
 
 def test_a_model_pulled_from_the_page_fills_the_bar_and_joins_the_picker(ui, server, hub, smollm_path):
     """"Get a model" → /api/pull on the module's server → the loopback hub: the bar's value climbs through
-    the byte counts to the file's size, the status says done, and the model is in the list with its plan."""
+    the byte counts to the file's size, the status says done, and the model is in the list with its plan (a
+    name that is nothing: the server's message, no bar)."""
     size = smollm_path.stat().st_size
     p = ui()
     p.page.click("#btn-models")
     p.page.wait_for_selector(".model-item")
     assert p.page.query_selector(f".model-item[data-model='{PULL_NAME}']") is None
+    # a name that is nothing: the server's words, no bar
+    p.page.fill("#pull-name", "no-such-model-xyz")
+    p.page.press("#pull-name", "Enter")
+    p.page.wait_for_selector("#pull[data-state='error']")
+    assert p.page.inner_text("#pull-status").startswith("Could not pull no-such-model-xyz: ")
+    assert "not in the catalog" in p.page.inner_text("#pull-status") and p.page.is_hidden("#pull-progress")
     # every value the bar had: each change's old value (a change within one task is recorded too), then the last
     p.page.evaluate("""() => { window.__bar = [];
         new MutationObserver((rs) => { for (const r of rs) window.__bar.push(r.oldValue); })
@@ -382,8 +404,9 @@ def test_a_script_tag_in_an_answer_renders_as_text(ui):
 
 def test_an_image_picked_in_the_page_goes_with_the_question(browser, vision_server):
     """A server with a vision projector: the page offers the image button; a PNG set on its file input shows
-    as a thumbnail, goes in the request as an OpenAI ``image_url`` part, its tokens count in the usage under
-    the answer, and the thumbnail stays in the conversation."""
+    as a thumbnail (so do one dropped on the chat and one pasted, taken off again with their ✕), goes in the
+    request as an OpenAI ``image_url`` part, its tokens count in the usage under the answer, and the
+    thumbnail stays in the conversation."""
     from mmproj_tiny import TOKENS_PER_IMAGE, png_bytes
 
     png = png_bytes(3)
@@ -394,6 +417,16 @@ def test_an_image_picked_in_the_page_goes_with_the_question(browser, vision_serv
         p.settings(max_tokens=8, temperature=0, seed=1)
         p.page.set_input_files("#attach-file", files=[{"name": "dots.png", "mimeType": "image/png", "buffer": png}])
         p.page.wait_for_selector("#attachments:not([hidden]) .pending img.thumb")
+        # one dropped on the chat and one pasted into the box join it; their ✕ buttons take them off again
+        for n, (how, seed) in enumerate((("drop", 4), ("paste", 5)), 2):
+            p.page.evaluate(GIVE_IMAGE, [how, base64.b64encode(png_bytes(seed)).decode()])
+            p.page.wait_for_function("(n) => document.querySelectorAll('#attachments .pending img.thumb').length === n",
+                                     arg=n)
+        srcs = p.page.eval_on_selector_all("#attachments img.thumb", "(imgs) => imgs.map((i) => i.src)")
+        assert srcs == [url] + ["data:image/png;base64," + base64.b64encode(png_bytes(k)).decode() for k in (4, 5)]
+        for _ in range(2):
+            p.page.click("#attachments .pending:last-child button")
+        assert p.page.eval_on_selector_all("#attachments img.thumb", "(imgs) => imgs.map((i) => i.src)") == [url]
         with p.page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as req:
             p.ask("What is in this picture?")
         sent = req.value.post_data_json

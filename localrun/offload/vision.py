@@ -21,8 +21,9 @@ What llama.cpp's multimodal library (tools/mtmd/clip.cpp) does with a projector,
 
   Checked against the log line for a one-layer Gemma-3 projector at the real vision size (896 / 14, d 1152,
   F 4304, 16 heads): 1132.00 MiB without flash attention and 105.78 MiB with it, both exact; and for the
-  tests' tiny projector within 10% with flash attention (tests/test_images.py). Flash attention ``None``
-  (auto) counts as on: clip.cpp enables it where the backend supports it (CPU, CUDA, Metal, Vulkan).
+  tests' tiny projector within 10% with flash attention (tests/test_images.py). Other projectors run the same
+  ViT (their own merge and projection after it): the same terms, an estimate. Flash attention ``None`` (auto)
+  counts as on: clip.cpp's warm-up tries it first and falls back only where the backend lacks it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from dataclasses import dataclass
 
 # projectors whose tokens are the patches merged n_merge × n_merge (clip.cpp clip_n_output_tokens)
 MERGED = frozenset({"gemma3", "idefics3", "internvl", "llama4"})
-# projectors that place image tokens with M-RoPE (several position ids per token): localrun has no such
-# positions yet (backends/llamacpp/mtmd.py refuses their images)
-MROPE = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen25vl", "qwen3vl_merger", "glm4v"})
-MIB = 1 << 20
+# projectors made for M-RoPE text models (clip-impl.h PROJECTOR_TYPE names): their image tokens take several
+# position ids each, which localrun does not do yet (backends/llamacpp/mtmd.py refuses their images; llama.cpp
+# itself decides by the text model's rope type, mtmd.cpp pos_type). The catalog marks these ``refused``.
+MROPE = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "glm4v"})
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,14 @@ def add_vision(plan, weights_bytes: int, vision: VisionSpec | None, *, source: s
     ``--mmproj-offload`` default) unless ``plan.no_mmproj_offload``, else in RAM; ``plan.vision`` says the
     projector, the image's tokens and the buffer, with ``source`` (the file, or the catalog). Sets ``fits``
     False when the RAM budget is then exceeded."""
-    from localrun.offload.plan import _gib
+    from localrun.units import fmt_bytes
 
     compute = vision.compute_bytes(plan.flash_attn) if vision is not None else 0
     need = weights_bytes + compute
     plan.mmproj_bytes = int(weights_bytes)
     plan.mmproj_on_gpu = bool(plan.n_gpu_layers != 0 and plan.vram_budget_bytes and not plan.no_mmproj_offload
                               and need <= plan.vram_budget_bytes - plan.vram_bytes)
-    what = f"vision projector ({_gib(weights_bytes)} weights + {_gib(compute)} compute buffer for one image)"
+    what = f"vision projector ({fmt_bytes(weights_bytes)} weights + {fmt_bytes(compute)} compute buffer for one image)"
     if plan.mmproj_on_gpu:
         plan.vram_bytes += need
         plan.reasons.append(f"{what} on the GPU")

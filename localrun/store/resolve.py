@@ -336,7 +336,8 @@ def _catalog_in_hf_cache(model: str) -> LocalModel | None:
 
 
 def remove_pulled(model: str, *, all_quants: bool = False, models_dir: Path | None = None) -> list[str]:
-    """Delete a pulled model (file, sidecar, any partial download) from localrun's store; returns paths.
+    """Delete a pulled model (file, sidecar, any partial download; the vision projector pulled beside it once no
+    model is left in its folder) from localrun's store; returns paths.
 
     ``model`` is ``name:QUANT`` (that file) or ``name`` (the only file; every quant with ``all_quants``).
     Raises ModelNotFoundError when nothing in the store matches, and ConfigError for a model that lives
@@ -385,6 +386,11 @@ def remove_pulled(model: str, *, all_quants: bool = False, models_dir: Path | No
                 extra.unlink()
                 if extra == p:
                     removed.append(str(p))
+        if not [f for f in p.parent.glob("*.gguf") if is_primary_gguf(f)]:  # the last model of its folder:
+            for proj in p.parent.glob("*mmproj*.gguf"):  # the projector pull fetched beside it goes too
+                for extra in (proj, proj.with_name(proj.name + SIDECAR_SUFFIX)):
+                    extra.unlink(missing_ok=True)
+                removed.append(str(proj))
         try:
             p.parent.rmdir()  # only when empty
         except OSError:
