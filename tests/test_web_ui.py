@@ -466,7 +466,6 @@ def key_server(tmp_path):
                                    ServeOptions(api_key="sesame")))
 
 
-@pytest.mark.xfail(strict=True, reason="the API-key gate (localrun/server/app.py _OPEN_PATHS) opens /ui, not /ui/")
 def test_ui_with_a_trailing_slash_opens_before_the_key(browser, tmp_path):
     """``/ui/`` is the page as ``/ui`` is, with an API key too: the page loads, then asks for the key."""
     srv = key_server(tmp_path)

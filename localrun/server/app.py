@@ -44,7 +44,7 @@ from localrun.server.wings import endpoints, error_response, register_all
 log = logging.getLogger("localrun.server")
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "function-after", "function-before"}
-_OPEN_PATHS = {"/", "/health", "/ui"}  # answered without the API key (probes; the web page, which asks for it)
+_OPEN_PATHS = {"/", "/health", "/ui", "/ui/"}  # answered without the API key (probes; the web page, which asks for it)
 _OPEN_PREFIXES = ("/ui/static/",)  # the web page's script and style files
 _CORE_PATHS = frozenset({"/", "/health", "/metrics"})  # counted by name, with each wing's ENDPOINTS
 
