@@ -93,11 +93,14 @@ def ttft(url: str, body: dict, headers: dict | None = None) -> tuple[float, dict
 
 
 def whole_input(turns: list[str], answers: list[str]) -> list[dict]:
+    """The conversation as Responses input items, typed (llama-server's /v1/responses answers 400 "Cannot
+    determine type of 'item'" to an assistant item without ``type``)."""
     items = []
     for i, t in enumerate(turns):
-        items.append({"role": "user", "content": t})
+        items.append({"type": "message", "role": "user", "content": t})
         if i < len(answers):
-            items.append({"role": "assistant", "content": answers[i]})
+            items.append({"type": "message", "role": "assistant",
+                          "content": [{"type": "output_text", "text": answers[i]}]})
     return items
 
 
