@@ -6,12 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const SAMPLING = ["temperature", "top_p", "max_tokens", "seed"];
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const el = LR.el;
 
   function renderConversations() {
     const ul = $("conv-list");

@@ -9,12 +9,7 @@
   const $ = (id) => document.getElementById(id);
   const state = { conv: null, controller: null, busyIdx: -1 };
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const el = LR.el;
 
   function button(label, title, onClick) {
     const b = el("button", "mini", label);

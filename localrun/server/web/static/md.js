@@ -6,12 +6,7 @@
 (function () {
   const LR = (window.LR = window.LR || {});
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const el = LR.el;
 
   // links only to http(s): a "javascript:" or "data:" URL in model text stays text
   function safeUrl(u) {

@@ -7,23 +7,9 @@
   const $ = (id) => document.getElementById(id);
   const state = { models: [], picked: null };
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const el = LR.el;
 
-  function size(bytes) {
-    if (!bytes) return "";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (bytes >= 1024 && i < u.length - 1) {
-      bytes /= 1024;
-      i++;
-    }
-    return (i ? bytes.toFixed(1) : bytes) + " " + u[i];
-  }
+  const size = (bytes) => (bytes ? LR.size(bytes) : "");
 
   function find(name) {
     return state.models.find((m) => m.id === name);

@@ -7,23 +7,9 @@
   const $ = (id) => document.getElementById(id);
   let timer = 0;
 
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
+  const el = LR.el;
 
-  function size(bytes) {
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    bytes = bytes || 0;
-    while (bytes >= 1024 && i < u.length - 1) {
-      bytes /= 1024;
-      i++;
-    }
-    return (i ? bytes.toFixed(1) : bytes) + " " + u[i];
-  }
+  const size = LR.size;
 
   function sum(metrics, name, pred) {
     return (metrics[name] || []).filter((s) => !pred || pred(s.labels)).reduce((a, s) => a + s.value, 0);
