@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benches"))
 
-from kv_tiers_peer import find_llama_server, free_port  # noqa: E402
+from kv_tiers_peer import Server, find_llama_server  # noqa: E402
 
 TURNS = 6
 
@@ -430,46 +429,6 @@ def _json_or_raw(s: str):
 
 
 # ------------------------------------------------------------------------------------------ the servers
-
-
-class Server:
-    """A server process on a free port; ``start`` waits for /health."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None) -> None:
-        self.name, self.argv, self.log, self.env = name, argv, log, env
-        self.proc = None
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 600.0) -> "Server":
-        import httpx
-
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([a.replace("{port}", str(self.port)) for a in self.argv], stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log}:\n"
-                                   + self.log.read_text(errors="replace")[-2000:])
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not start in {timeout_s:.0f} s; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
 
 
 def localrun_server(model: Path, args, home: Path) -> Server:

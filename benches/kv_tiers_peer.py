@@ -29,6 +29,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Server:
+    """A server process on a free port (``{port}`` in ``argv`` is replaced by it); ``start`` waits for /health,
+    ``stop`` ends it. llama-server (``LlamaServer``) and the agent-session bench start theirs with it."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None) -> None:
+        self.name, self.argv, self.log, self.env = name, argv, log, env
+        self.proc = None
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 600.0) -> "Server":
+        import httpx
+
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([a.replace("{port}", str(self.port)) for a in self.argv], stdout=log,
+                                         stderr=subprocess.STDOUT, env=self.env)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log}:\n"
+                                   + self.log.read_text(errors="replace")[-2000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start in {timeout_s:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
 class LlamaServer:
     """A llama-server process: ``-np 1`` with ``--cache-ram`` and ``--slot-save-path`` (``--no-repack`` where the
     CPU advertises AMX, as localrun); ``stop`` ends it."""
@@ -40,7 +81,6 @@ class LlamaServer:
         self.url = ""
 
     def start(self, timeout_s: float = 300.0) -> "LlamaServer":
-        import httpx
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -52,30 +92,15 @@ class LlamaServer:
 
         if cpu_advertises_amx():  # llama.cpp's AMX kernels crash here (SIGSEGV at load); localrun turns them off
             cmd.append("--no-repack")
-        with open(self.log, "ab") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); its log ends:\n"
-                                   + Path(self.log).read_text(errors="replace")[-1500:])
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"llama-server did not start in {timeout_s:.0f} s; see {self.log}")
+        self._server = Server("llama-server", cmd, Path(self.log))
+        self._server.port, self._server.url = port, self.url
+        self._server.start(timeout_s)
+        self.proc = self._server.proc
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            self._server.stop()
         self.proc = None
 
     def complete(self, tokens: list[int]) -> tuple[float, int, list[int]]:
