@@ -28,10 +28,11 @@ def decode_bytes_per_token(spec, plan) -> float:
 
 
 def active_params(spec) -> float:
-    """Parameters in the matmuls of one decoded token (the planner's count)."""
-    from localrun.offload.speed import weights_read_per_token
+    """Parameters one prompt token multiplies (the planner's prefill count: every matmul but the output
+    layer, ``offload.speed.prefill_params``)."""
+    from localrun.offload.speed import prefill_params, weights_read_per_token
 
-    return weights_read_per_token(spec)["cpu_params"]
+    return prefill_params(weights_read_per_token(spec), "cpu")
 
 
 def calibration_values(spec, plan, *, decode_tok_s: float | None, prefill_tok_s: float | None) -> dict:

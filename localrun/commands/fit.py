@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
                                              "count (default: an mmproj-*.gguf beside the model file)."),
         no_mmproj_offload: bool = typer.Option(False, "--no-mmproj-offload", help="Plan the vision projector "
                                                "on the CPU (serve/chat --no-mmproj-offload)."),
+        for_client: Optional[str] = typer.Option(None, "--for", metavar="CLIENT", help="Plan for an agent: "
+                                                 "claude-code, codex or opencode (the context it needs, its "
+                                                 "first prompt's TTFT, how tool calls are written)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Plan a model for this (or another) machine: quantization, GPU layers, context, KV type, memory
@@ -43,7 +46,7 @@ def register(app: typer.Typer) -> None:
         code = run_fit(model, ctx=ctx, parallel=parallel, kv_type=kv_type, flash_attn=flash_attn, vram=vram,
                        ram=ram, gpu=gpu, disk=disk, preset=preset, goal=goal, json_out=json_out, rpc=rpc,
                        rpc_link=rpc_link, cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk,
-                       mmproj=mmproj, no_mmproj_offload=no_mmproj_offload)
+                       mmproj=mmproj, no_mmproj_offload=no_mmproj_offload, for_client=for_client)
         if code:
             raise SystemExit(code)  # click swallows typer.Exit when standalone_mode=False
 
@@ -94,13 +97,15 @@ def machine(*, preset=None, vram=None, ram=None, gpu=None, disk=None):
 
 def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=None, ram=None, gpu=None,
             disk=None, preset=None, goal="balanced", json_out=False, rpc=None, rpc_link=None, cache_ram="auto",
-            cache_dir=None, cache_disk="8GiB", mmproj=None, no_mmproj_offload=False) -> int:
+            cache_dir=None, cache_disk="8GiB", mmproj=None, no_mmproj_offload=False, for_client=None) -> int:
     """Plan, print, and return the exit status (0 fits, 1 nothing fits). ``rpc``: workers host:port,…
     whose devices join the split (``backends.hardware_with_workers``; BackendUnavailableError without the RPC
     build); ``rpc_link``: ``LAT_MS,GBPS`` for their link (``offload.links.parse_link``).
     ``cache_ram``/``cache_dir``/``cache_disk``: the KV tiers to show (serve's flags; ``kv_tiers_for``).
     ``mmproj``: the vision projector counted with a model file (default: the one beside it; a catalog entry's
-    own projector when planned from the catalog); ``no_mmproj_offload``: plan it in RAM."""
+    own projector when planned from the catalog); ``no_mmproj_offload``: plan it in RAM. ``for_client``: an
+    agent of ``localrun.clients`` (``--for``): its context is the default ``ctx``, and the plan says whether
+    the client's session fits, its first prompt's TTFT and the tool-call format (``client_facts``)."""
     from localrun.errors import ConfigError
     from localrun.machine.measurements import planner_measurement
     from localrun.store.info import plan_model_here
@@ -109,6 +114,12 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         raise ConfigError(f"unknown KV-cache type {kv_type!r}", hint="use f16, q8_0 or q4_0")
     if parallel < 1 or (ctx is not None and ctx < 1):
         raise ConfigError("--ctx and --parallel must be positive")
+    client = None
+    if for_client:
+        from localrun.clients import get_client
+
+        client = get_client(for_client)[1]
+        ctx = ctx or client.n_ctx
     link = None
     if rpc_link is not None:
         from localrun.offload.links import parse_link
@@ -147,13 +158,65 @@ def run_fit(model, *, ctx=None, parallel=1, kv_type=None, flash_attn=None, vram=
         d["fits"] = chosen is not None and chosen.fits
         d["warnings"] = _warnings(best, plans)
         d["machine"] = hw.label or "this machine"
+        if client is not None:
+            d["client"] = client_facts(client, best, model)
         keys = ("quant", "source", "quality_kld", "fits", "n_ctx", "n_gpu_layers", "n_cpu_moe", "kv_type", "split_mode",
                 "weights_bytes", "vram_bytes", "ram_bytes", "disk_backed_bytes", "decode_tok_s", "prefill_tok_s")
         d["alternatives"] = [{k: pd[k] for k in keys} for pd in (p.to_dict() for p in plans)]  # to_dict once
         print_json(d)
     else:
         _render(title, hw, chosen, plans, tier_args)
+        if client is not None:
+            _render_client(client_facts(client, chosen or plans[0], model))
     return 0 if chosen is not None and chosen.fits else 1
+
+
+def client_facts(client, plan, model) -> dict:
+    """What ``plan`` gives ``client`` (a ``localrun.clients.Client``): ``{"client", "api", "n_ctx_needed",
+    "n_ctx", "fits_session", "fits_first_prompt", "first_prompt_tokens", "ttft_first_prompt_s", "tool_calls",
+    "advice"}``. Tokens and seconds; TTFT = first prompt / the plan's prefill tok/s (``offload.speed``).
+    ``tool_calls``: the template's own tool-call family, ``generic`` (serve's fallback for a template with no
+    tool syntax: the tools described in a system message, the reply constrained to a call or an answer) or,
+    for a model not on disk, ``"template's own, else generic"``. Never raises."""
+    tools = "template's own, else generic"
+    if plan.source == "file":
+        try:
+            from localrun.server.facts import file_capabilities
+            from localrun.store.resolve import resolve_model
+
+            tools = file_capabilities(str(resolve_model(model)), generic_tools=True).tool_calls or "none"
+        except Exception:  # noqa: BLE001 - a fact we cannot read is left general, never an error
+            pass
+    n = plan.n_ctx
+    advice = []
+    if n < client.n_ctx:
+        advice.append(f"{client.name} needs a {client.n_ctx}-token context and this plan has {n}: "
+                      + ("its first prompt fits, but a session outgrows it within a few turns"
+                         if n >= client.first_prompt else "its first prompt does not fit (\"prompt is too long\")")
+                      + f"; try --ctx {client.n_ctx} with --kv-type q8_0, or a smaller quantization")
+    if plan.n_ctx_train and plan.n_ctx_train < client.n_ctx:
+        advice.append(f"the model was trained to {plan.n_ctx_train} tokens: past that, RoPE is stretched and "
+                      f"answers degrade; a model trained to ≥ {client.n_ctx} serves {client.name} better")
+    ttft = client.first_prompt / plan.prefill_tok_s if plan.prefill_tok_s > 0 else None
+    return {"client": client.name, "api": client.api, "n_ctx_needed": client.n_ctx, "n_ctx": n,
+            "fits_session": n >= client.n_ctx, "fits_first_prompt": n >= client.first_prompt,
+            "first_prompt_tokens": client.first_prompt,
+            "ttft_first_prompt_s": round(ttft, 1) if ttft is not None else None, "tool_calls": tools,
+            "advice": advice}
+
+
+def _render_client(f: dict) -> None:
+    from localrun.render import stdout
+
+    con = stdout()
+    ok = "[green]enough[/]" if f["fits_session"] else "[red]too small[/]"
+    ttft = f"{f['ttft_first_prompt_s']:g} s" if f["ttft_first_prompt_s"] is not None else "unknown"
+    con.print(f"[bold]For {f['client']}[/] ({f['api']}): needs a {f['n_ctx_needed']}-token context, this plan "
+              f"has {f['n_ctx']} ({ok}); its first prompt (≈ {f['first_prompt_tokens']} tokens: system prompt "
+              f"and tool schemas) takes ≈ {ttft} to prefill, later turns reuse it from the prefix cache; tool "
+              f"calls: {f['tool_calls']}", highlight=False)
+    for a in f["advice"]:
+        con.print(f"  • {a}", highlight=False)
 
 
 def _add_catalog_projector(model, plan) -> None:

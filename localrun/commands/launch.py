@@ -24,29 +24,13 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from localrun.clients import ALIASES, CLIENTS
 from localrun.errors import LocalrunError
-
-
-@dataclass(frozen=True)
-class Client:
-    name: str
-    binary: str
-    install: str
-    n_ctx: int  # tokens: the client's first prompt plus room for a session (measured: Claude Code ≈ 12k, Codex ≈ 9k)
-    api: str  # the wire format it speaks
-
-
-CLIENTS = {
-    "claude": Client("Claude Code", "claude", "npm install -g @anthropic-ai/claude-code", 32768, "Anthropic Messages"),
-    "codex": Client("Codex CLI", "codex", "npm install -g @openai/codex", 32768, "OpenAI Responses"),
-    "opencode": Client("opencode", "opencode", "npm install -g opencode-ai", 32768, "OpenAI chat completions"),
-}
 
 
 class ClientNotInstalledError(LocalrunError):
@@ -81,6 +65,7 @@ def run_launch(client: str, *, model: str | None = None, port: int | None = None
     LocalrunError for an unknown client, ClientNotInstalledError, and serve's errors when it cannot start."""
     from localrun.config import get_settings
 
+    client = ALIASES.get(client, client)
     if client not in CLIENTS:
         raise LocalrunError(f"unknown client {client!r}", hint=f"use one of: {', '.join(CLIENTS)}")
     c = CLIENTS[client]

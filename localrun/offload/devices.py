@@ -247,7 +247,7 @@ def split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, 
         rd = S.weights_read_per_token(spec, d.layers, d.output, n_cpu_moe)
         tiers[key] = S.gpu_tier(gpu_list[d.index])
         bytes_tier[key] = rd["gpu"] + (kv_read_gpu * d.kv_bytes / kv_gpu if kv_gpu else 0.0)
-        params_tier[key] = rd["gpu_params"]
+        params_tier[key] = S.prefill_params(rd, "gpu")
 
 
 def row_split_decode(devices, gpu_list, bytes_tier, tiers, decode_layer: float, tsplit) -> tuple[float, str] | None:

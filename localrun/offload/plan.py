@@ -220,10 +220,13 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     kv_read_gpu = kv_read * (kv_gpu / kv.bytes) if kv.bytes else 0.0
     bytes_tier = {"gpu": rd["gpu"] + kv_read_gpu, "cpu": rd["cpu"] * (1 - frac_disk) + kv_read - kv_read_gpu,
                   "disk": rd["cpu"] * frac_disk}
-    params_tier = {"gpu": rd["gpu_params"], "cpu": rd["cpu_params"]}
+    params_tier = {"gpu": S.prefill_params(rd, "gpu"),
+                   "cpu": S.prefill_params(rd, "cpu") / S.cpu_prefill_factor(tiers["cpu"], spec.file_type)}
     if devices:
         D.split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers)
-    decode = S.decode_tok_s(bytes_tier, tiers)
+    cpu_extra = S.cpu_decode_overhead_s(tiers["cpu"], n_layer - len(gpu_set), rd["cpu_params"],
+                                        rd["cpu"] * (1 - frac_disk), spec.file_type)
+    decode = S.decode_tok_s(bytes_tier, tiers, cpu_extra)
     prefill = S.prefill_tok_s(params_tier, tiers)
     used = [gpu_list[d.index] for d in devices if d.n_slots] if devices else gpu_list[:1]
     if len(used) > 1 or any(g.backend == "rpc" for g in used):

@@ -1,14 +1,21 @@
 """Speed model: decode and prefill throughput from bytes per tier, bandwidths and compute.
 
 decode s/token = Σ_tiers (bytes read per token on the tier / effective bandwidth of the tier)
+                 + the CPU's fixed costs (``cpu_decode_overhead_s``: per layer, and a compute floor for
+                 8- and 16-bit weights), when the CPU tier comes from the table
     bytes read per token = the weights active per token (all dense weights; only n_expert_used/n_expert of
     the expert tensors) + the KV cache read for the context in use;
 prefill tok/s = effective FLOP/s / (2 × active params) (the standard 2·N FLOPs per token, Kaplan et al.
-    2020), the slowest tier weighted by its share of the parameters. TTFT = prompt tokens / prefill tok/s.
+    2020), the slowest tier weighted by its share of the parameters; the output layer is not counted (a
+    prompt's logits are computed for its last token only). TTFT = prompt tokens / prefill tok/s.
 
 Bandwidths are GB/s (10^9 B/s) peak figures from vendor specs; ``EFFICIENCY`` turns peak into what
-llama.cpp reaches (≈ 0.7 GPU, 0.55 CPU DRAM). A ``localrun hw --measure`` / ``bench --calibrate`` entry in
-measurements.json (``llamacpp/cpu`` …) replaces the table value, and the plan says so.
+llama.cpp reaches (≈ 0.7 GPU, 0.55 CPU DRAM). The CPU's per-core figures (``CPU_GBPS_PER_CORE``,
+``CPU_GFLOPS_PER_CORE``, ``CPU_LAYER_CORE_S``, ``CPU_WIDE_GWEIGHTS_PER_CORE``) are rates llama.cpp reaches,
+measured by ``benches/fit_speed.py`` (random-weight Llama 1B/3B/8B quantized by llama.cpp, 2-core Xeon with
+AVX-512, 2026-12-02; docs/benchmarks.md "fit's speeds"). A ``localrun hw --measure`` / ``bench --calibrate``
+entry in measurements.json (``llamacpp/cpu`` …) replaces the table value, and the plan says so; a measured
+tier's effective bandwidth already folds the fixed costs in.
 """
 
 from __future__ import annotations
@@ -40,12 +47,26 @@ GPU_DEFAULT = (400.0, 40.0)
 # host memory, GB/s
 MEMORY_TABLE = {"ddr4": 51.2, "ddr5": 89.6, "lpddr5": 100.0}  # dual channel, peak
 DISK_TABLE = {"nvme": 3.5, "nvme4": 7.0, "nvme5": 12.0, "ssd": 0.55, "hdd": 0.15, "unknown": 0.55}
-EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35, "compute_cpu": 0.5}
-CPU_GBPS_PER_CORE = 6.0  # one core's streaming read rate: few cores cannot saturate DRAM
-# one core's quantized-matmul throughput in prefill (llama.cpp multiplies int8 activations against the
-# quantized weights: AVX2 maddubs / AVX-512 VNNI / NEON sdot); llama-bench pp512 on 7B Q4_K_M reaches
-# ≈ 40-60 tok/s on a 6-8 core AVX2 desktop, i.e. ≈ 100-150 GFLOP/s per core before the efficiency factor
-CPU_GFLOPS_PER_CORE = {"AVX512F": 120.0, "AVX2": 80.0, "NEON": 60.0, "": 15.0}
+EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35}
+# One core's rate of reading quantized weights in decode, GB/s, as llama.cpp reaches it (not a peak: few
+# cores cannot saturate DRAM). Measured: Q4_K_M 1B/3B/8B decode on 2 cores fit bytes / 19.0 GB/s + the
+# per-layer cost below within 1% (benches/fit_speed.py)
+CPU_GBPS_PER_CORE = 9.5
+# One core's quantized-matmul throughput in prefill, GFLOP/s reached (llama.cpp multiplies int8 activations
+# against the quantized weights: AVX2 maddubs / AVX-512 VNNI / NEON sdot). AVX-512: 1B/3B/8B Q4_K_M prefill
+# on 2 cores = 248-260 GFLOP/s (benches/fit_speed.py); AVX2: llama-bench pp512 of 7B Q4_K_M ≈ 40-60 tok/s
+# on a 6-8 core desktop ≈ 100 per core
+CPU_GFLOPS_PER_CORE = {"AVX512F": 125.0, "AVX2": 100.0, "NEON": 60.0, "": 15.0}
+# 8- and 16-bit weights are not repacked into llama.cpp's interleaved CPU layouts (ggml-cpu/repack.cpp
+# covers Q4_0, Q4_K, IQ4_NL): prefill reaches 0.59 of the K-quant rate (Q8_0 1B/3B: 143-150 GFLOP/s on 2
+# cores), and decode is bound by compute at 6.8 G weights/s per core (Q8_0 1B/3B) before bandwidth
+WIDE_TYPES = ("Q8_0", "F16", "BF16", "F32")
+CPU_WIDE_PREFILL_FACTOR = 0.59
+CPU_WIDE_GWEIGHTS_PER_CORE = 6.8
+# Per layer and decoded token, core-seconds that do not scale with the weights (ggml's thread barriers
+# between a layer's graph nodes, norms, RoPE, the attention of a short context): 1.37 ms per layer on 2
+# cores (the 1B/3B/8B fit above)
+CPU_LAYER_CORE_S = 2.74e-3
 
 
 @dataclass
@@ -56,6 +77,7 @@ class Tier:
     bandwidth_gbps: float
     gflops: float
     source: str = "table"  # "table" | "measured (hw --measure, 2026-…)"
+    cores: int = 0  # the CPU tier's cores (its per-core fixed costs); 0 elsewhere
 
 
 def gpu_tier(gpu) -> Tier:
@@ -74,17 +96,15 @@ def cpu_tier(hw, measurement: dict | None = None) -> Tier:
         tier = Tier("cpu", 20.0, 100.0)
         return _measured(tier, measurement) if measurement else tier
     apple = [g for g in hw.gpus if g.unified]
+    cores = max(1, hw.cpu.physical_cores)
     if apple and apple[0].vendor == "apple":
-        bw = gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"] * 0.6
-    elif apple:  # an APU / GB10 / Jetson: the CPU reads the same memory, as fast as its cores stream it
-        bw = min(gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"],
-                 CPU_GBPS_PER_CORE * max(1, hw.cpu.physical_cores))
-    else:
-        bw = min(MEMORY_TABLE["ddr5" if "AVX512F" in hw.cpu.simd else "ddr4"],
-                 CPU_GBPS_PER_CORE * max(1, hw.cpu.physical_cores))
+        bw = gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"] * 0.6 * EFFICIENCY["cpu"]
+    else:  # an APU / GB10 / Jetson reads its unified memory, a PC its DRAM, as fast as its cores stream
+        peak = (gpu_tier(apple[0]).bandwidth_gbps / EFFICIENCY["gpu"] if apple
+                else MEMORY_TABLE["ddr5" if "AVX512F" in hw.cpu.simd else "ddr4"])
+        bw = min(peak * EFFICIENCY["cpu"], CPU_GBPS_PER_CORE * cores)
     simd = next((s for s in ("AVX512F", "AVX2", "NEON") if s in hw.cpu.simd), "")
-    tier = Tier("cpu", bw * EFFICIENCY["cpu"],
-                CPU_GFLOPS_PER_CORE[simd] * max(1, hw.cpu.physical_cores) * EFFICIENCY["compute_cpu"])
+    tier = Tier("cpu", bw, CPU_GFLOPS_PER_CORE[simd] * cores, cores=cores)
     return _measured(tier, measurement) if measurement else tier
 
 
@@ -115,7 +135,8 @@ def weights_read_per_token(spec, gpu_layers=(), output_on_gpu: bool = False, n_c
     frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
     gpu_set = set(gpu_layers)
     has_output = spec.has_output_weight
-    out = {"gpu": 0.0, "cpu": 0.0, "gpu_params": 0.0, "cpu_params": 0.0}
+    out = {"gpu": 0.0, "cpu": 0.0, "gpu_params": 0.0, "cpu_params": 0.0, "gpu_out_params": 0.0,
+           "cpu_out_params": 0.0}
     for g in spec.tensor_groups:  # the tensor table summed per (layer, role): same sums, fewer terms
         f = frac if g.role == "exps" else 1.0
         if g.layer is not None:
@@ -131,7 +152,36 @@ def weights_read_per_token(spec, gpu_layers=(), output_on_gpu: bool = False, n_c
             continue
         out[where] += g.n_bytes * f
         out[where + "_params"] += g.n_elements * f
+        if g.layer is None:  # the output matmul (its own matrix or the tied embeddings)
+            out[where + "_out_params"] += g.n_elements * f
     return out
+
+
+def prefill_params(rd: dict, where: str) -> float:
+    """Parameters one prompt token multiplies on ``where`` ("gpu"/"cpu") of a ``weights_read_per_token``
+    result: all but the output layer (a prompt's logits are computed for its last token only)."""
+    return rd[where + "_params"] - rd[where + "_out_params"]
+
+
+def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, bytes_cpu: float,
+                          quant: str) -> float:
+    """Seconds per decoded token the CPU spends beyond reading ``bytes_cpu`` at the tier's bandwidth: the
+    per-layer fixed cost (``CPU_LAYER_CORE_S`` / cores × layers on the CPU) and, for weights not repacked
+    (``WIDE_TYPES``), the compute floor ``params / (CPU_WIDE_GWEIGHTS_PER_CORE × cores)`` where it exceeds
+    the bandwidth time. 0 for a measured tier (its effective bandwidth folds these in) or no CPU layers."""
+    if tier.source != "table" or not tier.cores:
+        return 0.0
+    extra = CPU_LAYER_CORE_S / tier.cores * max(0, n_layers_cpu)
+    if quant.upper() in WIDE_TYPES and params_cpu > 0:
+        floor = params_cpu / (CPU_WIDE_GWEIGHTS_PER_CORE * 1e9 * tier.cores)
+        extra += max(0.0, floor - bytes_cpu / (tier.bandwidth_gbps * 1e9))
+    return extra
+
+
+def cpu_prefill_factor(tier: Tier, quant: str) -> float:
+    """The share of ``tier.gflops`` a table CPU tier reaches in prefill on weights of type ``quant``
+    (``CPU_WIDE_PREFILL_FACTOR`` for ``WIDE_TYPES``, else 1.0; 1.0 for a measured tier)."""
+    return CPU_WIDE_PREFILL_FACTOR if tier.source == "table" and quant.upper() in WIDE_TYPES else 1.0
 
 
 def kv_read_per_token(kv_cache_bytes: int, n_parallel: int = 1) -> float:
@@ -140,9 +190,10 @@ def kv_read_per_token(kv_cache_bytes: int, n_parallel: int = 1) -> float:
     return kv_cache_bytes * 0.5 / max(1, n_parallel)
 
 
-def decode_tok_s(bytes_per_tier: dict[str, float], tiers: dict[str, Tier]) -> float:
-    """Tokens/s = 1 / Σ (bytes read per token on tier / bandwidth of tier). Bytes, GB/s."""
-    t = sum(b / (tiers[k].bandwidth_gbps * 1e9) for k, b in bytes_per_tier.items() if b > 0)
+def decode_tok_s(bytes_per_tier: dict[str, float], tiers: dict[str, Tier], extra_s: float = 0.0) -> float:
+    """Tokens/s = 1 / (Σ (bytes read per token on tier / bandwidth of tier) + ``extra_s``). Bytes, GB/s,
+    seconds (``cpu_decode_overhead_s``)."""
+    t = sum(b / (tiers[k].bandwidth_gbps * 1e9) for k, b in bytes_per_tier.items() if b > 0) + extra_s
     return 1.0 / t if t > 0 else 0.0
 
 
