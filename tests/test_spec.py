@@ -177,7 +177,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
     """With a draft model and temperature > 0, the token a verify step emits is distributed as the target's
     own. The first generated token comes from the prefill (plain sampling); the second from the verify step:
     the draft model samples x from its own q (same top-k and temperature), the target keeps it with
-    probability min(1, p/q), else samples from normalise(max(0, p - q)) (Leviathan et al. 2023). Over 400
+    probability min(1, p/q), else samples from normalise(max(0, p - q)) (Leviathan et al. 2023). Over 300
     seeds, the second token of the runs whose first token is the likeliest one, against p (the target's
     top-k distribution after that token, from its logprobs) by chi-square at p = 0.001. With max_tokens=2
     the accepted draft token is the generation's last: it must still count as accepted (the 0-of-143 bug
@@ -196,7 +196,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
     _set(target, "draft", draft_pair[1], adaptive=False, draft_max=1)
     counts = dict.fromkeys(ids, 0)
     drafted = accepted = used = 0
-    for seed in range(400):
+    for seed in range(300):
         params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, seed=seed, max_tokens=2)
         gen = target.start(prompt, params, target.slots[0])
         toks = []
@@ -209,7 +209,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
         drafted += gen.spec.draft_tokens
         accepted += gen.spec.accepted_tokens
         counts[toks[1]] = counts.get(toks[1], 0) + 1
-    assert used >= 100  # 143 of 400 here: the likeliest first token has p ≈ 0.36
+    assert used >= 75  # ≈ 108 of 300: the likeliest first token has p ≈ 0.36
     assert drafted == used and 0 < accepted < used  # every measured token went through the rule, both branches
     obs = np.array([counts[t] for t in ids], dtype=float)
     assert obs.sum() == used  # nothing outside the target's top-k
