@@ -301,14 +301,13 @@ def load_for_serving(model: str | None, settings, *, parallel: int, ctx: int | N
                      kv_type: str | None = None, flash_attn: bool | None = None):
     """MODEL → (engine, plan, hardware dict). Raises ModelNotFoundError, InsufficientMemoryError, …
 
-    ``backend`` (``--backend``, else LOCALRUN_BACKEND, else llamacpp): llama.cpp gets one context with
-    ``parallel`` sequences (continuous batching); any other backend (MLX) is planned for one sequence
-    (``create_app`` then serves its requests one at a time: ``backends.as_batch_engine``)."""
+    ``backend`` (``--backend``, else LOCALRUN_BACKEND, else llamacpp): planned for ``parallel`` sequences
+    (continuous batching: llama.cpp's context, MLX's ``MlxBatchEngine``; an MLX model whose caches cannot
+    batch is served one request at a time: ``backends.as_batch_engine``)."""
     from localrun.loading import load_model
 
     backend = backend or settings.backend or "llamacpp"
-    serial = backend not in ("llamacpp", "auto")
-    loaded = load_model(model, backend=backend, n_ctx=ctx, n_parallel=1 if serial else parallel,
+    loaded = load_model(model, backend=backend, n_ctx=ctx, n_parallel=parallel,
                         n_threads=threads, kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template,
                         force=force, models_dir=settings.models_dir)
     return loaded.engine, loaded.plan, loaded.hardware.to_dict()
@@ -377,6 +376,14 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                    f"{' (API key required)' if settings.api_key else ''} — OpenAI base URL "
                    f"http://{url_host}:{settings.port}/v1, Ollama http://{url_host}:{settings.port}",
                    soft_wrap=True)  # one line in a log file too (no wrapping at 80 columns)
+    from localrun.clients import CLIENTS
+
+    agent_ctx = max(c.n_ctx for c in CLIENTS.values())  # tokens
+    small = [r.model_id for r in reg.residents.values() if r.state.engine.n_ctx < agent_ctx]
+    if small:  # say it now, not as "prompt is too long" in the agent's first turn
+        stderr().print(f"note: coding agents (Claude Code, Codex, opencode) need a {agent_ctx}-token context; "
+                       f"{', '.join(small)} has less (--ctx {agent_ctx}, or `localrun launch CLIENT`; "
+                       "`localrun fit MODEL --for claude-code` plans it)", highlight=False, soft_wrap=True)
     try:
         serve_forever(app, settings.host, settings.port, log_level=log_level.lower())
     finally:

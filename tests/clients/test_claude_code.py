@@ -82,6 +82,7 @@ def test_claude_print_streams_and_exits_0(claude, smollm_path, tmp_path):
         srv.close()
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], log[-3000:])
     assert r.stdout.strip(), r.stderr[-2000:]
+    assert "coding agents (Claude Code, Codex, opencode) need a 32768-token context" in log  # 8192 said at start
     lines = served_lines(log)
     assert lines and all(x["status"] == 200 for x in lines), log[-3000:]
     # Claude Code's own request shape reached the server unrefused: a system turn inside messages, adaptive
@@ -131,6 +132,7 @@ def test_claude_agent_prompt_with_a_forced_tool_round_trip(claude, gemma_path, t
     (tmp_path / "requests.json").write_text(json.dumps(proxy.requests, indent=1))  # for a failure's post-mortem
     detail = (r.stdout[-2000:], r.stderr[-2000:], log[-3000:], str(tmp_path / "requests.json"))
     assert r.returncode == 0, detail
+    assert "need a 32768-token context" not in log  # a server with the agent's context has nothing to say
     msgs = [(p, b) for p, b in proxy.requests if p.startswith("/v1/messages") and "count_tokens" not in p]
     assert all(p.endswith("?beta=true") for p, _ in msgs)  # Claude Code's beta query string is served
     first = next(b for _, b in msgs if b.get("tool_choice"))
