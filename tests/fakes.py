@@ -249,3 +249,37 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+# ------------------------------------------------------------------ the server's loader on catalog models
+def catalog_plan_load(name_and_quant: Callable):
+    """A ``loading.plan_load`` for files that stand for catalog models (no 30 GB file here): the real planner
+    on the synthetic spec of ``name_and_quant(path)`` = (catalog name, quantization)."""
+    from pathlib import Path
+
+    from localrun.loading import Prepared
+    from localrun.model.catalog import get_entry
+    from localrun.model.synthetic import spec_from_entry
+    from localrun.offload.search import plan_for_run
+
+    def plan_load(path, *, hardware, n_ctx=None, n_parallel=1, kv_type=None, **_):
+        name, quant = name_and_quant(Path(path))
+        spec = spec_from_entry(get_entry(name), quant)
+        plan = plan_for_run(spec, hardware, n_ctx=n_ctx or 8192, n_parallel=n_parallel, kv_type=kv_type)
+        return Prepared(Path(path), spec, plan, hardware, "llamacpp")
+
+    return plan_load
+
+
+def scripted_loader(*args, **kw):
+    """The server's ``PlannerLoader`` with the planner as it is; only the engine is scripted
+    (``ScriptedEngine``, one slot, replying "ok")."""
+    from localrun.server.loader import PlannerLoader
+
+    class ScriptedLoader(PlannerLoader):
+        def load(self, planned):
+            eng = ScriptedEngine(1, reply=lambda p: "ok")
+            eng.model_path = str(planned.path)
+            return eng
+
+    return ScriptedLoader(*args, **kw)

@@ -6,20 +6,18 @@ model here); the engines are scripted (tests/fakes.py), since no model loads on 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
-from fakes import ScriptedEngine
+from fakes import catalog_plan_load, scripted_loader
 
 from localrun.config import Settings
-from localrun.loading import Prepared
 from localrun.machine.presets import get_preset
 from localrun.model.catalog import get_entry
 from localrun.model.synthetic import spec_from_entry
 from localrun.offload.search import plan_for_run
 from localrun.server.app import create_app
 from localrun.server.budget import Budget, Need, vram_by_device
-from localrun.server.loader import PlannerLoader, budget_hardware
+from localrun.server.loader import budget_hardware
 from localrun.server.metrics import ServerMetrics
 from localrun.server.models import ModelRegistry
 from localrun.server.runtime import ServeOptions
@@ -28,21 +26,8 @@ GiB = 1 << 30
 MODELS = {"a.gguf": ("qwen3-14b", "Q8_0"), "b.gguf": ("gemma-3-12b-it", "Q8_0"), "c.gguf": ("qwen3-32b", "Q8_0")}
 
 
-def synthetic_plan_load(path, *, hardware, n_ctx=None, n_parallel=1, kv_type=None, **_):
-    """``loading.plan_load`` for a file standing for a catalog model: the real planner on its synthetic spec."""
-    name, quant = MODELS[Path(path).name]
-    spec = spec_from_entry(get_entry(name), quant)
-    plan = plan_for_run(spec, hardware, n_ctx=n_ctx or 8192, n_parallel=n_parallel, kv_type=kv_type)
-    return Prepared(Path(path), spec, plan, hardware, "llamacpp")
-
-
-class ScriptedLoader(PlannerLoader):
-    """The server's loader with the planner as it is; only the engine is scripted."""
-
-    def load(self, planned):
-        eng = ScriptedEngine(1, reply=lambda p: "ok")
-        eng.model_path = str(planned.path)
-        return eng
+# a file stands for a catalog model: the real planner on its synthetic spec (tests/fakes.py)
+synthetic_plan_load = catalog_plan_load(lambda p: MODELS[p.name])
 
 
 def files(tmp_path) -> dict[str, str]:
@@ -82,7 +67,7 @@ def test_a_model_goes_to_the_emptier_card_and_a_split_evicts_both(tmp_path):
     f = files(tmp_path)
     hw, budget = budget_hardware(get_preset("2x24gb"))
     settings = Settings(home=tmp_path, models_dir=tmp_path / "models")
-    loader = ScriptedLoader(settings, hw, n_ctx=8192, plan_fn=synthetic_plan_load)
+    loader = scripted_loader(settings, hw, n_ctx=8192, plan_fn=synthetic_plan_load)
     opts = ServeOptions()
     reg = ModelRegistry(settings, opts, ServerMetrics(), loader=loader, budget=budget, load_wait_s=5.0)
     app = create_app(None, settings, opts, registry=reg)

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
-from fakes import ScriptedEngine
+from fakes import catalog_plan_load, scripted_loader
 
 from localrun.config import Settings
-from localrun.loading import Prepared
 from localrun.machine.presets import get_preset
-from localrun.model.catalog import get_entry
-from localrun.model.synthetic import spec_from_entry
 from localrun.offload import memory as M
-from localrun.offload.search import plan_for_run
 from localrun.server.app import create_app
 from localrun.server.budget import Budget, Need
 from localrun.server.loader import PlannerLoader, budget_hardware
@@ -36,21 +31,8 @@ QWEN32_Q4, MISTRAL24 = "qwen3-32b@Q4_K_M", "mistral-small-24b-instruct-2501@Q4_K
 QWEN8_Q4 = "qwen3-8b@Q4_K_M"  # 5.8 GB
 
 
-def synthetic_plan_load(path, *, hardware, n_ctx=None, n_parallel=1, kv_type=None, **_):
-    """``loading.plan_load`` for a file standing for a catalog model: the real planner on its synthetic spec."""
-    name, quant = Path(path).name.removesuffix(".gguf").split("@")
-    spec = spec_from_entry(get_entry(name), quant)
-    plan = plan_for_run(spec, hardware, n_ctx=n_ctx or 8192, n_parallel=n_parallel, kv_type=kv_type)
-    return Prepared(Path(path), spec, plan, hardware, "llamacpp")
-
-
-class ScriptedLoader(PlannerLoader):
-    """The server's loader with the planner as it is; only the engine is scripted."""
-
-    def load(self, planned):
-        eng = ScriptedEngine(1, reply=lambda p: "ok")
-        eng.model_path = str(planned.path)
-        return eng
+# a file stands for a catalog model: the real planner on its synthetic spec (tests/fakes.py)
+synthetic_plan_load = catalog_plan_load(lambda p: p.name.removesuffix(".gguf").split("@"))
 
 
 def mixed_box(nvidia_backend: str):
@@ -72,7 +54,7 @@ class Server:
             self.files[n] = str((tmp_path / f"{n}.gguf").resolve())
         self.hw, self.budget = budget_hardware(hw, **budget_kw)
         settings = Settings(home=tmp_path, models_dir=tmp_path / "models")
-        self.loader = ScriptedLoader(settings, self.hw, n_ctx=8192, plan_fn=synthetic_plan_load)
+        self.loader = scripted_loader(settings, self.hw, n_ctx=8192, plan_fn=synthetic_plan_load)
         opts = ServeOptions()
         self.reg = ModelRegistry(settings, opts, ServerMetrics(), loader=self.loader, budget=self.budget,
                                  load_wait_s=5.0)
