@@ -46,7 +46,7 @@ def codex() -> Path:
 def server(smollm_path, tmp_path_factory):
     """``localrun serve`` in a subprocess (its own LOCALRUN_HOME), with an API key and --responses-db."""
     home = tmp_path_factory.mktemp("codex_serve_home")
-    srv = Serve(smollm_path, home, "--alias", MODEL, "--ctx", "8192", "--parallel", "1", "--threads", "2",
+    srv = Serve(smollm_path, home, "--alias", MODEL, "--ctx", "8192", "--parallel", "1",
                 "--chat-template", str(TEMPLATE), "--api-key", API_KEY, "--stop-loops",
                 "--responses-db", str(home / "stored" / "r.db"))
     yield srv
