@@ -80,3 +80,24 @@ def test_mlx_output_validates_over_seeds_and_regex_holds(mlx_smollm):
     rx = r"[A-Z][a-z]+ is [0-9]{2}\."
     text, finish = _chat(mlx_smollm, SamplingParams(temperature=0, max_tokens=20, constraint=Constraint("regex", rx)))
     assert finish == "stop" and re.fullmatch(rx, text)
+
+
+def test_mlx_dry_steers_within_json_mode(mlx_smollm):
+    """DRY on MLX (``backends.dry``) runs before the constraint's mask, so it steers among the tokens the
+    grammar allows: the JSON-mode answer that repeats one word without DRY repeats less with it, and both
+    stay inside the grammar (24 tokens each)."""
+    from test_constrained_loops import JSON_MODE, LOOPS, _loop_count, _prefix_of
+
+    ask = [Message("user", LOOPS[0]["content"])]
+    out = {}
+    for dry in (0.0, 0.8):
+        chunks = list(mlx_smollm.chat(ask, SamplingParams(temperature=0, max_tokens=24, dry_multiplier=dry,
+                                                          constraint=JSON_MODE)))
+        text, finish = "".join(c.text for c in chunks), chunks[-1].finish_reason
+        if finish == "stop":
+            assert isinstance(json.loads(text), dict), text
+        else:
+            assert finish == "length" and _prefix_of(JSON_MODE, text), text
+        out[dry] = text
+    print(out)
+    assert out[0.8] != out[0.0] and _loop_count(out[0.8]) < _loop_count(out[0.0])

@@ -257,6 +257,10 @@ class ChatSession:
                 "stopped: the answer was repeating itself in a loop (--no-stop-loops lets it run; "
                 "a higher --temp or --dry-multiplier helps a small model out of loops)"
             )
+        c = self.params.constraint
+        if c is not None and chunk.finish_reason in ("length", "loop"):
+            self.notices.append(f"the answer is incomplete: it was cut before it matched {c.param or 'the constraint'}"
+                                + (" (raise --max-tokens)" if chunk.finish_reason == "length" else ""))
 
     # ------------------------------------------------------------------ commands
     def attach_image(self, path: str | os.PathLike) -> int:

@@ -109,8 +109,8 @@ def register(app: typer.Typer) -> None:
                                 max_tokens=max_tokens, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 dry_multiplier=dry_multiplier, stop_loops=stop_loops,
                                 constraint=_constraint(json_schema, regex))
-        if params.constraint is not None:  # loop guards would cut or bend structured output
-            params.dry_multiplier, params.stop_loops = 0.0, False
+        # DRY and the loop guard apply under a constraint too: DRY steers among the tokens the grammar allows,
+        # and a loop cut says the structured answer is incomplete (docs/architecture.md §2)
         from localrun.backends import hardware_for
 
         hardware = hardware_for(rpc)

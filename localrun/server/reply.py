@@ -39,6 +39,7 @@ from localrun.backends.base import SamplingParams, Stats, TokenLogprob
 from localrun.dialects import Delta, Family, ReplyParser, ToolCallArgs, ToolCallEnd, ToolCallStart, detect_family
 from localrun.dialects import template_kwargs as family_template_kwargs
 from localrun.server.errors import RequestError
+from localrun.server.wire import wire_reason
 
 # thinking budget (tokens) for an effort level when the template takes no levels (documented in docs/serve.md, Thinking)
 EFFORT_BUDGET = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192}
@@ -69,12 +70,14 @@ class Finish:
     """The end of a reply. ``reason``: "stop" | "length" | "tool_calls" | "loop" | "cancelled" (tool_calls
     when the reply made at least one complete call and ended by itself); ``stats`` the engine's;
     ``reasoning_tokens``: completion tokens generated while the thinking block was open (its close marker
-    included); ``token_ids`` the completion's token ids."""
+    included); ``token_ids`` the completion's token ids. ``looped``: the loop guard ended it; under a
+    constraint ``reason`` is then "length" (``wire_reason``)."""
 
     reason: str
     stats: Stats
     reasoning_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)  # the completion's tokens (Ollama's ``context``)
+    looped: bool = False
 
 
 @dataclass
@@ -313,7 +316,8 @@ async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None
             yield Logprobs(list(c.logprobs))
         if c.finish_reason is not None:
             reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
-            yield Finish(reason, c.stats or Stats(), counter.n_tokens, ids)
+            yield Finish(wire_reason(reason, getattr(job, "params", None)), c.stats or Stats(), counter.n_tokens, ids,
+                         looped=c.finish_reason == "loop")
             return
 
 

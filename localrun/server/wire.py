@@ -10,7 +10,8 @@
   (``ChatMessageIn``, ``TextPart``, ``ToolDef``, ``FunctionDef``).
 * The converters more than one wing uses: a message → the chat template's dict (``message_dict``), the
   sampling fields OpenAI's and Ollama's bodies share (``SAMPLING_FIELDS``, ``set_sampling_fields``),
-  localrun's finish reasons on the wire (``finish_reason``) and the speculative-decoding totals
+  localrun's finish reasons on the wire (``finish_reason``; ``wire_reason``: a loop-guard cut of
+  structured output is a length cut, ``cut_message`` says why) and the speculative-decoding totals
   (``speculative_usage``).
 
 Sources: OpenAI API reference (``chat/completions``), Ollama ``docs/api.md`` and ``api/types.go``.
@@ -177,6 +178,32 @@ def finish_reason(reason: str | None) -> str | None:
     """localrun's finish reasons on OpenAI's and Ollama's wire: a cancelled or loop-stopped generation is
     "stop" (the loop shows in the log and in /metrics' finish_reason label)."""
     return "stop" if reason in ("cancelled", "loop") else reason
+
+
+def wire_reason(reason: str | None, params: SamplingParams | None) -> str | None:
+    """A finish reason as every wire format reports it: a generation the loop guard ended (``loop``)
+    under a constraint (``params.constraint``) is ``length``, since its structured output was cut before
+    it completed: each wire format then says so as it says a token-limit cut (OpenAI ``finish_reason:
+    length``, Responses ``status: incomplete``, Anthropic ``stop_reason: max_tokens``, Ollama
+    ``done_reason: length``; docs/serve.md, Structured output). Other reasons pass unchanged."""
+    if reason == "loop" and params is not None and params.constraint is not None:
+        return "length"
+    return reason
+
+
+def cut_message(params: SamplingParams, looped: bool) -> str:
+    """What a client is told when a constrained reply (``params.constraint``) was cut before it completed:
+    by the loop guard (``looped``) or by ``max_tokens`` / the context. One sentence that says the output
+    does not validate and what to change."""
+    c = params.constraint
+    kind = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex"}.get(c.kind, "grammar")
+    what = f"{'strict ' if c.strict else ''}{kind} in {c.param or 'the request'}"
+    if looped:
+        return (f"the loop guard (stop_loops) ended the output, which was repeating itself, before it completed "
+                f"the {what}: it does not validate; dry_multiplier (e.g. 0.8) or a higher temperature steers a "
+                "small model out of such loops")
+    return (f"the output was cut by the token limit before it completed the {what}: it does not validate; "
+            "raise max_tokens")
 
 
 def speculative_usage(s: Stats) -> dict:

@@ -30,7 +30,9 @@ def make_sampler(C, vocab, n_vocab: int, p: SamplingParams, eog: tuple[int, ...]
     sees its last ``repeat_last_n`` tokens first, as llama-cli and llama-server feed the prompt to
     ``common_sampler_accept``. DRY is not primed: it penalises repeats within the answer (a loop), not an
     answer that quotes the conversation (a second answer to the same question, code being edited); the
-    MLX port (backends/dry.py) does the same.
+    MLX port (backends/dry.py) does the same. A constraint's mask is written into the logits before this
+    chain runs (``batch._apply_mask``), so penalties and DRY rank only the tokens the grammar allows, as
+    ``common_sampler_sample`` does when it resamples with the grammar first (docs/architecture.md §2).
     """
     chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
 

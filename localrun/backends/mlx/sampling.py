@@ -39,7 +39,8 @@ def make_processors(engine, p: SamplingParams) -> list:
     """mlx-lm logits processors ``(history, logits) → logits`` for logit bias (and ``ignore_eos``), the
     repetition/presence/frequency penalties over the last ``repeat_last_n`` tokens (-1: the context,
     ``engine.n_ctx``), and DRY (``dry.DrySampler``). ``engine``: gives ``eog_ids``, ``n_ctx``,
-    ``dry_breakers()``."""
+    ``dry_breakers()``. A constraint's mask is applied to their output before the draw (-inf stays -inf
+    under every penalty), so they rank only the tokens the grammar allows (docs/architecture.md §2)."""
     from mlx_lm.sample_utils import make_logits_processors
 
     bias = {int(k): float(v) for k, v in p.logit_bias.items()}

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from localrun.backends.base import Constraint, SamplingParams, Stats, TokenLogprob
 from localrun.server.errors import RequestError
-from localrun.server.wire import finish_reason, message_dict, set_sampling_fields, speculative_usage
+from localrun.server.wire import cut_message, finish_reason, message_dict, set_sampling_fields, speculative_usage
 
 # ---------------------------------------------------------------------------------------------- requests
 
@@ -205,17 +205,24 @@ def chat_response(rid: str, created: int, model: str, text: str, finish: str, st
             "usage": usage(stats, reasoning_tokens)}
 
 
-def mark_incomplete(body: dict, params: SamplingParams, finish: str | None) -> dict:
-    """A reply (``chat.completion``, ``text_completion`` or one of their chunks) cut by ``max_tokens`` or
-    the context (``finish_reason: length``) before a ``strict`` constraint completed: its choice gets an
-    ``error`` saying the output does not match the schema, so a client never takes it for valid JSON
-    silently. Other constraints say so by ``finish_reason: length`` alone (as OpenAI)."""
+def mark_incomplete(body: dict, params: SamplingParams, finish: str | None, *, looped: bool = False) -> dict:
+    """A reply (``chat.completion``, ``text_completion`` or one of their chunks) under a constraint that was
+    cut before the constraint completed. ``finish``: the engine's reason ("loop" counts as ``looped``);
+    ``looped``: the loop guard ended it. Cut by the loop guard: ``finish_reason`` becomes "length" (the
+    structured output is incomplete, as after a token-limit cut; ``wire.wire_reason``) and the choice gets
+    an ``error`` (``code: incomplete_structured_output``) saying why. Cut by ``max_tokens`` or the
+    context: a ``strict`` constraint gets that ``error``; the others say so by ``finish_reason: length``
+    alone, as OpenAI does. docs/serve.md, Structured output."""
     c = params.constraint
-    if c is not None and c.strict and finish_reason(finish) == "length" and body.get("choices"):
-        body["choices"][0]["error"] = {
-            "message": f"the output was cut by the token limit ({finish}) before it completed the strict "
-                       f"{c.kind.replace('_', ' ')} in {c.param}: it does not validate; raise max_tokens",
-            "type": "invalid_response_error", "code": "incomplete_structured_output", "param": c.param}
+    looped = looped or finish == "loop"
+    if c is None or not body.get("choices") or not (looped or finish_reason(finish) == "length"):
+        return body
+    choice = body["choices"][0]
+    if looped and choice.get("finish_reason") != "tool_calls":
+        choice["finish_reason"] = "length"
+    if looped or c.strict:
+        choice["error"] = {"message": cut_message(params, looped), "type": "invalid_response_error",
+                           "code": "incomplete_structured_output", "param": c.param}
     return body
 
 

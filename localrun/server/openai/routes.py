@@ -64,12 +64,12 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             return cv.mark_incomplete(cv.chat_response(rid, created, st.model_id, r.content, f.reason, f.stats,
                                                        r.logprobs if top is not None else None, calls,
                                                        thinking=r.thinking, reasoning_tokens=f.reasoning_tokens),
-                                      params, f.reason)
+                                      params, f.reason, looped=f.looped)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(delta: dict, finish: str | None = None, logprobs=None) -> str:
+        def chunk(delta: dict, finish: str | None = None, logprobs=None, looped: bool = False) -> str:
             c = cv.mark_incomplete(cv.chat_chunk(rid, created, st.model_id, delta, finish, logprobs=logprobs),
-                                   params, finish)
+                                   params, finish, looped=looped)
             if include_usage:  # OpenAI: with include_usage every other chunk carries "usage": null
                 c["usage"] = None
             return cv.sse(c)
@@ -87,7 +87,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                         yield chunk(pending)
                         pending = None
                     if isinstance(e, Finish):
-                        yield chunk({}, e.reason)
+                        yield chunk({}, e.reason, looped=e.looped)
                         st.note(request, e.stats, e.reason, prompt)
                         if include_usage:
                             yield cv.sse(cv.usage_chunk(rid, created, st.model_id, e.stats, "chat.completion.chunk",

@@ -26,7 +26,7 @@ from localrun.server.responses import convert as cv
 from localrun.server.responses.events import OutputBuilder
 from localrun.server.responses.schemas import ResponsesRequest
 from localrun.server.responses.store import ResponseStore, owner_of
-from localrun.server.wire import set_sampling_fields
+from localrun.server.wire import cut_message, set_sampling_fields
 
 log = logging.getLogger("localrun.server")
 
@@ -76,7 +76,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         def finished(finish: Finish) -> dict:
             """The response once the reply ended: logged, and stored unless ``store`` is false."""
             st.note(request, finish.stats, finish.reason, prompt)
-            resp = _final(base, builder.output, finish)
+            resp = _final(base, builder.output, finish, params)
             if req.store is not False:
                 store().put(resp, owner=owner, input_items=items)
             return resp
@@ -252,14 +252,18 @@ def _skeleton(req: ResponsesRequest, model_id: str, dropped: int) -> dict:
             "truncation": req.truncation or "disabled", "usage": None, "user": req.user, "metadata": meta}
 
 
-def _final(base: dict, output: list[dict], finish: Finish) -> dict:
+def _final(base: dict, output: list[dict], finish: Finish, params: SamplingParams | None = None) -> dict:
     """The finished response: status ``completed``, or ``incomplete`` (``max_output_tokens``) when the
-    token limit or the context ended it; usage in the Responses API's names."""
+    token limit or the context ended it, or the loop guard ended a ``text.format`` answer (``params``'
+    constraint) before it completed (``wire.wire_reason``; ``incomplete_details.message`` says so, localrun's
+    extension); usage in the Responses API's names."""
     s = finish.stats or Stats()
     resp = dict(base, output=json.loads(json.dumps(output)), status="completed")
     if finish.reason == "length":
         resp["status"] = "incomplete"
         resp["incomplete_details"] = {"reason": "max_output_tokens"}
+        if finish.looped and params is not None and params.constraint is not None:
+            resp["incomplete_details"]["message"] = cut_message(params, looped=True)
     resp["usage"] = {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.cached_tokens},
                      "output_tokens": s.completion_tokens,
                      "output_tokens_details": {"reasoning_tokens": finish.reasoning_tokens},
