@@ -1,8 +1,9 @@
 """`localrun chat --backend mlx` and `localrun serve --backend mlx` on the real SmolLM2 GGUF through mlx[cpu]:
 the same smoke tests as the llama.cpp ones (tests/test_chat_tty.py, tests/test_server.py).
 
-On MLX the server runs requests one at a time (``SerialEngine``: one slot, the scheduler queues the rest),
-so concurrent greedy requests must each get exactly their solo answer and never run side by side.
+On MLX the server batches requests (``mlx/batch.py MlxBatchEngine``: 8 slots here, continuous batching), so
+concurrent greedy requests must each get exactly their solo answer while sharing forward passes; a cancelled
+stream frees its row for a queued request; past the slots and the queue the server answers 503.
 The in-process server's engine is loaded once for the module (an MLX load takes seconds on this box);
 the chat tests and the CLI serve test load their own in a subprocess."""
 
@@ -30,6 +31,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 N_CTX = 1024
+N_PARALLEL = 8
 SYSTEM = "You are a helpful assistant."
 
 
@@ -68,7 +70,8 @@ def test_interactive_chat_session(smollm_path, isolated_home):
 # ------------------------------------------------------------------ serve, in process
 @pytest.fixture(scope="module")
 def mlx_server(smollm_path, tmp_path_factory):
-    """`serve --backend mlx`'s loading path (load_for_serving → SerialEngine) behind a real uvicorn."""
+    """`serve --backend mlx`'s loading path (load_for_serving → MlxBatchEngine, 8 slots, 1 queue place) behind
+    a real uvicorn; ``state`` is the app's ServerState (its batch engine and scheduler)."""
     from localrun.commands.serve import load_for_serving
     from localrun.config import Settings
     from localrun.server.app import create_app
@@ -78,11 +81,12 @@ def mlx_server(smollm_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALRUN_HOME", str(home))
         settings = Settings(home=home, models_dir=home / "models")
-        engine, plan, hw = load_for_serving(str(smollm_path), settings, parallel=4, ctx=N_CTX, threads=1,
+        engine, plan, hw = load_for_serving(str(smollm_path), settings, parallel=N_PARALLEL, ctx=N_CTX, threads=1,
                                             force=False, chat_template=None, backend="mlx")
-        app = create_app(engine, settings, ServeOptions(plan=plan, hardware=hw))
+        app = create_app(engine, settings, ServeOptions(plan=plan, hardware=hw, max_queue=1))
         srv = ServerThread(app)
         srv.engine = engine
+        srv.state = app.state.localrun
         yield srv
         srv.stop()
         engine.close()
@@ -109,13 +113,13 @@ def chat(client, content: str, **kw) -> str:
     return r.choices[0].message.content
 
 
-def test_engine_is_served_one_at_a_time(mlx_server, http):
-    eng = mlx_server.engine
-    assert eng.backend == "mlx" and eng.n_parallel == 1 and eng.n_ctx == N_CTX
-    assert http.get("/health").json()["n_parallel"] == 1
+def test_engine_batches(mlx_server, http):
+    eng = mlx_server.state.engine
+    assert eng.backend == "mlx" and eng.n_parallel == N_PARALLEL and eng.n_ctx == N_CTX and not eng.serial
+    assert http.get("/health").json()["n_parallel"] == N_PARALLEL
     ps = http.get("/api/ps").json()["models"][0]["localrun"]
-    assert ps["backend"] == "mlx" and ps["serving"] == "mlx, requests served one at a time"
-    assert ps["plan"]["n_parallel"] == 1 and ps["plan"]["backend"] == "mlx"
+    assert ps["backend"] == "mlx" and ps["serving"] == f"mlx, {N_PARALLEL} parallel sequences"
+    assert ps["plan"]["n_parallel"] == N_PARALLEL and ps["plan"]["backend"] == "mlx"
 
 
 def test_tokyo_and_streaming_equals_non_streaming(client):
@@ -126,28 +130,81 @@ def test_tokyo_and_streaming_equals_non_streaming(client):
     assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1
 
 
-def test_concurrent_greedy_requests_match_solo_one_at_a_time(client, http):
-    prompts = [f"Write one sentence about the number {n}." for n in (3, 7, 12)]
-    solo = [chat(client, p, max_tokens=12) for p in prompts]
-    seen, stop = [], threading.Event()
+def stream_chat(client, content: str, max_tokens: int) -> str:
+    parts = []
+    for ch in client.chat.completions.create(model="smollm", temperature=0, max_tokens=max_tokens, stream=True,
+                                             messages=[{"role": "system", "content": SYSTEM},
+                                                       {"role": "user", "content": content}]):
+        parts += [c.delta.content or "" for c in ch.choices]
+    return "".join(parts)
 
-    def watch():
-        with httpx.Client(base_url=str(http.base_url), timeout=60) as h:
-            while not stop.is_set():
-                seen.append(h.get("/health").json())
-                time.sleep(0.1)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+def test_eight_concurrent_streams_match_solo_and_share_forward_passes(mlx_server, client, http):
+    prompts = [f"Write one sentence about the number {n}." for n in (3, 7, 12, 25)] + [
+        "Hi.", "Name a fruit.", "What colour is the sky on a clear day? Answer in one word, please.", "Count: 1, 2,"]
+    solo = [stream_chat(client, p, 6) for p in prompts]
+    eng = mlx_server.state.engine
+    widths: list[int] = []
+    step = eng.step
+
+    def counted(gens):  # an observer: how many rows each decode step carried
+        out = step(gens)
+        widths.append(len(out))
+        return out
+
+    eng.step = counted
     try:
         with ThreadPoolExecutor(len(prompts)) as ex:
-            together = list(ex.map(lambda p: chat(client, p, max_tokens=12), prompts))
+            together = list(ex.map(lambda p: stream_chat(client, p, 6), prompts))
     finally:
-        stop.set()
-        watcher.join(30)
+        del eng.step
     assert together == solo
-    assert seen and all(h["active_sequences"] <= 1 for h in seen)  # never two sequences at once
+    print("rows per step:", widths)
+    assert max(widths) >= 2  # several streams decoded in one forward pass
     assert metric(http, "localrun_active_sequences") == 0
+
+
+def test_cancelled_stream_frees_its_row_and_the_queue_is_bounded(mlx_server, http):
+    """8 streams run (every slot), a 9th waits in the one queue place, a 10th is refused with 503; closing one
+    running stream frees its row and the queued one starts while the other 7 keep running."""
+    from contextlib import ExitStack
+
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 300, "temperature": 0, "stream": True,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # no EOS: each runs until it is closed
+    before = metric(http, "localrun_generations_total", '{finish_reason="cancelled"}')
+
+    def first_data(lines) -> str:
+        return next(ln for ln in lines if ln.startswith("data: "))
+
+    with httpx.Client(base_url=mlx_server.url, timeout=300) as c, ExitStack() as stack:
+        running = []
+        for _ in range(N_PARALLEL):
+            r = stack.enter_context(c.stream("POST", "/v1/completions", json=body))
+            assert r.status_code == 200
+            lines = r.iter_lines()  # kept: a dropped line iterator closes its stream
+            first_data(lines)
+            running.append((r, lines))
+        got: list[str] = []
+
+        def queued() -> None:  # answered (headers and first token) once a row is free
+            with httpx.Client(base_url=mlx_server.url, timeout=300) as q, q.stream("POST", "/v1/completions",
+                                                                                   json=body) as r:
+                got.append(first_data(r.iter_lines()))
+
+        waiter = threading.Thread(target=queued, daemon=True)
+        waiter.start()
+        while metric(http, "localrun_queue_depth") < 1:  # it holds the one queue place
+            assert waiter.is_alive()
+        refused = c.post("/v1/completions", json=dict(body, stream=False))
+        assert refused.status_code == 503
+        running[0][0].close()  # the client goes away: its row is freed, the queued request takes it
+        waiter.join(300)
+        assert got and http.get("/health").json()["active_sequences"] <= N_PARALLEL
+    deadline = time.monotonic() + 120
+    while http.get("/health").json()["active_sequences"] or \
+            metric(http, "localrun_generations_total", '{finish_reason="cancelled"}') < before + N_PARALLEL + 1:
+        assert time.monotonic() < deadline, "closed streams were never cancelled"
+    assert mlx_server.state.engine.rows == []
 
 
 def test_disconnect_after_first_chunk_leaves_server_serving(mlx_server, client, http):
@@ -205,7 +262,7 @@ def _free_port() -> int:
 def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", str(smollm_path), "--backend", "mlx",
-                             "--port", str(port), "--ctx", "512", "--log-level", "warning"],
+                             "--port", str(port), "--ctx", "512", "--parallel", "1", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(isolated_home))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -247,7 +304,7 @@ def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
             proc.wait(10)
         reader.join(10)
     out = "".join(lines)
-    assert "mlx, requests served one at a time" in out  # the start-up line
+    assert "mlx, requests served one at a time" in out  # the start-up line (--parallel 1)
     assert proc.returncode == 0, out
     assert "Traceback" not in out and "terminate called" not in out
 

@@ -11,10 +11,10 @@ Two wings, one per backend, and the backend-neutral modules beside them:
 Nothing outside ``backends/`` imports a wing: it calls the functions below, which import the wing inside
 (so ``import localrun.backends`` stays cheap, and `localrun fit`/`--help` never import llama_cpp or mlx).
 ``load_engine(spec_path, plan)`` picks the backend named in the plan. ``as_batch_engine`` gives the server
-and bench the ``BatchEngine`` they drive: the engine itself (llama.cpp), or a one-at-a-time engine (MLX)
-wrapped in ``SerialEngine``. A new backend is a folder here with a class that implements ``Engine`` (and
-``BatchEngine`` when it batches sequences, else ``SingleStreamEngine``) plus a branch in each function below
-that dispatches on the backend.
+and bench the ``BatchEngine`` they drive: the engine itself (llama.cpp), MLX's ``MlxBatchEngine``
+(continuous batching), or a one-at-a-time engine wrapped in ``SerialEngine``. A new backend is a folder
+here with a class that implements ``Engine`` (and ``BatchEngine`` when it batches sequences, else
+``SingleStreamEngine``) plus a branch in each function below that dispatches on the backend.
 """
 
 from __future__ import annotations
@@ -51,11 +51,22 @@ def load_engine(model_path: str | Path, plan, **kwargs) -> Engine:
 
 
 def as_batch_engine(engine: Engine) -> BatchEngine:
-    """``engine`` as the ``BatchEngine`` the scheduler drives: itself when it is one (llama.cpp), else
-    (a ``SingleStreamEngine``: MLX) wrapped in ``SerialEngine``, one slot, requests one at a time. The one
-    place that decides; calling it on a ``BatchEngine`` (a ``SerialEngine`` too) returns it unchanged."""
+    """``engine`` as the ``BatchEngine`` the scheduler drives: itself when it is one (llama.cpp); an MLX
+    engine planned for several sequences becomes ``mlx/batch.py MlxBatchEngine`` (``plan.n_parallel`` slots,
+    continuous batching) when its caches batch (``mlx.batch.can_batch``: every cache layer merges into
+    mlx-lm's batched caches, and no speculative decoding), else ``SerialEngine``, one slot, requests one at
+    a time (as is any other ``SingleStreamEngine``, and an MLX engine planned for one sequence: the engine's
+    own cache then stays the conversation's, as ``localrun chat`` and ``save_kv_file`` use it). The one
+    place that decides; calling it on a ``BatchEngine`` (a ``SerialEngine`` or ``MlxBatchEngine`` too)
+    returns it unchanged."""
     if isinstance(engine, BatchEngine):
         return engine
+    n_parallel = int(getattr(getattr(engine, "plan", None), "n_parallel", 1) or 1)
+    if getattr(engine, "backend", None) == "mlx" and n_parallel > 1:
+        from localrun.backends.mlx.batch import MlxBatchEngine, can_batch
+
+        if can_batch(engine):
+            return MlxBatchEngine(engine)
     from localrun.backends.serial import SerialEngine
 
     return SerialEngine(engine)

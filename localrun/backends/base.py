@@ -5,8 +5,9 @@
 * ``BatchEngine``: an ``Engine`` that runs several sequences together. The server's scheduler and bench
   drive it with ``acquire_slot`` → ``start`` → ``step`` … → ``release`` on ONE thread, each ``start``
   returning a ``Generation``. ``LlamaCppEngine`` is one; a single-stream engine (MLX) becomes one through
-  ``backends.as_batch_engine`` (``SerialEngine``: one slot, requests one at a time), the only place that
-  decides (the shape of Ollama's ``LlamaServer`` interface, which its scheduler is given).
+  ``backends.as_batch_engine`` (``mlx.batch.MlxBatchEngine``, or ``SerialEngine``: one slot, requests one
+  at a time), the only place that decides (the shape of Ollama's ``LlamaServer`` interface, which its
+  scheduler is given).
 * ``SingleStreamEngine``: what ``SerialEngine`` needs of the engine it wraps (its one prefix cache).
 * ``SpeculationTarget`` (``BatchSpeculationTarget`` for llama.cpp, ``StreamSpeculationTarget`` for MLX): the
   narrow part of an engine its speculative decoding reads (``llamacpp/spec.py``, ``mlx/spec.py``), so that
@@ -51,7 +52,8 @@ class Constraint:
     ``source`` ignored), ``"regex"`` (``source`` a regex, Rust ``regex`` syntax), ``"lark"`` (llguidance's
     Lark dialect), ``"gbnf"`` (llama.cpp GBNF). ``param``: the request field it came from, named in errors.
     ``strict``: OpenAI's ``strict: true`` (the schema was closed by ``constrain.strict_schema``); a reply cut
-    before the constraint completes then carries an error, not only ``finish_reason: length``.
+    by the token limit before the constraint completes then carries an error, not only ``finish_reason:
+    length`` (a loop-guard cut always does: docs/architecture.md §2, *Loop guards under a constraint*).
     """
 
     kind: str
@@ -75,9 +77,10 @@ class SamplingParams:
     "Don't Repeat Yourself", p-e-w, llama.cpp common/sampling.cpp: a penalty
     ``dry_multiplier × dry_base^(n - dry_allowed_length)`` on a token that would extend a repeated run of
     n ≥ ``dry_allowed_length`` tokens, over the last ``dry_penalty_last_n`` tokens, -1 = the context;
-    llama.cpp backend only), and ``stop_loops``, which ends a generation stuck in a cycle with finish
-    reason ``loop`` (``backends.text.LoopDetector``). ``chat`` turns on a repeat penalty and ``stop_loops``
-    by default; the HTTP API keeps OpenAI's semantics (all off) unless ``serve`` is told otherwise.
+    both backends, MLX through ``backends.dry``), and ``stop_loops``, which ends a generation stuck in a
+    cycle with finish reason ``loop`` (``backends.text.LoopDetector``). ``chat`` turns on DRY and
+    ``stop_loops`` by default; the HTTP API keeps OpenAI's semantics (all off) unless ``serve`` is told
+    otherwise. All of them apply under a ``constraint`` too (docs/architecture.md §2).
 
     Token control (``backends/control.py``, docs/architecture.md §2): ``reasoning_budget`` (tokens of thinking, None =
     unlimited) after which the engine forces the tokens of ``budget_close`` (text; control-token markers
@@ -86,7 +89,8 @@ class SamplingParams:
     already ends inside the block; ``end_thinking``: an object with ``is_set()`` (a ``threading.Event``) that,
     once set, makes the budget spent now (the chat's Ctrl-C while the model thinks; with it the budget
     control runs even when ``reasoning_budget`` is None). ``constraint``: a ``Constraint`` the output must
-    match (a token mask per step; finish ``stop`` when it is complete). ``render_special``: control tokens'
+    match (a token mask per step, before the penalties and DRY rank what it allows; finish ``stop`` when it
+    is complete; the loop guard still applies). ``render_special``: control tokens'
     text (gpt-oss's ``<|channel|>``) appears in the output text; end-of-generation tokens still end it, unshown.
     """
 

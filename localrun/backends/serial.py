@@ -19,7 +19,9 @@ common prefix with the next prompt (``reuse_prefix``), so ``Generation.cached_to
 ``Stats.cached_tokens`` report the reused tokens, as with llama.cpp's slots.
 
 The ``Engine`` half (``n_ctx``, ``backend``, ``model_path``, ``spec``, the template, ``detokenize``,
-``generate``, ``close``, …) is the wrapped engine's, each forwarded by name. ``tokenize`` and
+``generate``, ``close``, …) is the wrapped engine's, each forwarded by name (``EngineFront``, which MLX's
+``mlx.batch.MlxBatchEngine`` shares). Which engines ``as_batch_engine`` wraps here: an MLX engine whose caches
+cannot batch or that speculates (``mlx.batch.can_batch``), and any other ``SingleStreamEngine``. ``tokenize`` and
 ``tokenize_chat`` are serialized by a lock: the server tokenizes in worker threads, and
 ``MlxEngine.tokenize`` toggles a flag on its shared Hugging Face tokenizer around each call. Not
 thread-safe otherwise: like the engines, one thread (the scheduler's) drives ``start``/``step``/``release``.
@@ -76,22 +78,17 @@ class SerialGeneration:
         return self.finish_reason is not None
 
 
-class SerialEngine:
-    """``engine`` (a ``SingleStreamEngine``) as a ``BatchEngine`` with one slot, for the server and bench.
-
-    ``n_parallel`` is 1; ``n_vocab`` is the model's vocabulary size (tokens), ``kv_cells_used()`` the
-    number of tokens in the engine's KV cache.
-    """
-
-    n_parallel = 1
-    serial = True  # the server says "requests served one at a time"
+class EngineFront:
+    """The ``Engine`` half of an engine that wraps a single-stream ``engine`` (``SerialEngine``, MLX's
+    ``mlx.batch.MlxBatchEngine``): ``n_ctx``, ``backend``, ``model_path``, ``spec``, the template,
+    ``detokenize``, ``generate``, ``close``, … are the wrapped engine's, each forwarded by name.
+    ``tokenize`` and ``tokenize_chat`` are serialized by a lock (the server tokenizes in worker threads, and
+    ``MlxEngine.tokenize`` toggles a flag on its shared Hugging Face tokenizer around each call)."""
 
     def __init__(self, engine: SingleStreamEngine) -> None:
         self.engine = engine
-        self.slot = SerialSlot()
         self._tok_lock = threading.Lock()
 
-    # ------------------------------------------------------------------ the Engine half: the wrapped engine's
     @property
     def backend(self) -> str:
         return self.engine.backend
@@ -164,6 +161,21 @@ class SerialEngine:
     def chat(self, messages: Sequence[Message], params: SamplingParams,
              tools: list[dict] | None = None) -> Iterator[Chunk]:
         return self.engine.chat(messages, params, tools)
+
+
+class SerialEngine(EngineFront):
+    """``engine`` (a ``SingleStreamEngine``) as a ``BatchEngine`` with one slot, for the server and bench.
+
+    ``n_parallel`` is 1; ``n_vocab`` is the model's vocabulary size (tokens), ``kv_cells_used()`` the
+    number of tokens in the engine's KV cache.
+    """
+
+    n_parallel = 1
+    serial = True  # the server says "requests served one at a time"
+
+    def __init__(self, engine: SingleStreamEngine) -> None:
+        super().__init__(engine)
+        self.slot = SerialSlot()
 
     def kv_cells_used(self) -> int:
         """Tokens whose KV the wrapped engine holds (its one cache)."""

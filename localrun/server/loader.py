@@ -106,8 +106,7 @@ class PlannerLoader:
 
         plan_load = self.plan_fn or plan_load
         n_ctx = n_ctx or self.n_ctx
-        serial = self.backend not in ("llamacpp", "auto")
-        prep = plan_load(path, backend=self.backend, n_ctx=n_ctx, n_parallel=1 if serial else self.n_parallel,
+        prep = plan_load(path, backend=self.backend, n_ctx=n_ctx, n_parallel=self.n_parallel,
                          kv_type=self.kv_type, flash_attn=self.flash_attn, n_threads=self.n_threads,
                          chat_template=self.templates.get(path), force=self.force, n_gpu_layers=self.n_gpu_layers,
                          models_dir=self.settings.models_dir, hardware=hardware, warn=False,

@@ -27,13 +27,14 @@ with, so the text is that of plain decoding. **Prompt-cache tiers** (``kv_cache`
 ``mlx.cache.attach_mlx_kv_cache``): the cache is saved to RAM/disk before a prompt cuts it, and a saved
 prefix is restored when it covers more of a new prompt.
 
-**What ``serve`` does on MLX**: there is no multi-sequence ``step()`` here (a ``SingleStreamEngine``, not a
-``BatchEngine``), so ``backends.as_batch_engine`` wraps it in ``SerialEngine`` and the server runs requests
-one at a time through ``generate`` (a queue; the next request starts when the previous one's
-generator is finished or closed). Closing a generator early (client disconnect, Ctrl-C) stops decoding
-and leaves the engine usable: the KV of what was decoded stays cached and is reused by the next request
-when it shares the prefix. Starting a new generation while an old generator is still open closes the
-old one first. Not thread-safe: one thread drives the engine.
+**What ``serve`` does on MLX**: this engine holds one sequence (a ``SingleStreamEngine``);
+``backends.as_batch_engine`` gives the server ``mlx/batch.py MlxBatchEngine``, which batches several
+sequences on this engine's model, tokenizer and sampling pieces (``make_sampler``, ``make_processors``,
+``token_logprob``, ``reuse_prefix`` for each slot's cache), or ``SerialEngine`` (requests one at a time
+through ``generate``) when the caches cannot batch or speculation is on. Closing a generator early (client
+disconnect, Ctrl-C) stops decoding and leaves the engine usable: the KV of what was decoded stays cached and
+is reused by the next request when it shares the prefix. Starting a new generation while an old generator is
+still open closes the old one first. Not thread-safe: one thread drives the engine.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Iterator, Sequence
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats, TokenLogprob
 from localrun.backends.control import build_control
-from localrun.backends.mlx.load import end_of_generation_ids, load_folder, load_gguf
+from localrun.backends.mlx.load import dequantize_pays, end_of_generation_ids, load_folder, load_gguf
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
@@ -69,8 +70,11 @@ class MlxEngine:
     """A model loaded in MLX with the parameters of a ``Plan`` (``n_ctx``, ``n_batch`` are used).
 
     ``hardware`` (a HardwareProfile) is checked by ``choice.check_mlx_memory`` before loading on Apple
-    Silicon; ``force`` skips that refusal. Raises BackendUnavailableError, ModelNotFoundError,
-    UnsupportedArchitectureError, ModelFormatError, InsufficientMemoryError, BackendError.
+    Silicon; ``force`` skips that refusal. ``cpu_dequantize`` None: quantized on Metal; on a CPU float32
+    where that multiplies faster here (``load.dequantize_pays``), unless ``LOCALRUN_MLX_DEQUANTIZE`` is ``0``
+    (keep quantized) or ``1`` (float32). Raises
+    BackendUnavailableError, ModelNotFoundError, UnsupportedArchitectureError, ModelFormatError,
+    InsufficientMemoryError, BackendError.
     """
 
     backend = "mlx"
@@ -100,11 +104,13 @@ class MlxEngine:
         loaded = load_folder(self.model_path) if is_dir else load_gguf(self.model_path, self.spec, dtype)
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         self._manual_bos, self.add_bos, self.conversion_note = loaded.manual_bos, loaded.add_bos, loaded.note
-        if cpu_dequantize is None:
-            cpu_dequantize = not mx.metal.is_available()
+        if cpu_dequantize is None:  # LOCALRUN_MLX_DEQUANTIZE=0/1 overrides (benches compare both)
+            env = os.environ.get("LOCALRUN_MLX_DEQUANTIZE", "")
+            cpu_dequantize = env == "1" if env in ("0", "1") else (not mx.metal.is_available()
+                                                                    and dequantize_pays(self.model))
         if cpu_dequantize:
-            # mlx[cpu] has no SIMD kernel for quantized matmuls (≈5× slower than float32 GEMV on this
-            # machine), so on the CPU the weights are expanded to float32 once (exact: w = scale·q + bias)
+            # on a CPU whose float32 GEMV beats mlx's quantized kernels (measured: load.dequantize_pays), the
+            # weights are expanded to float32 once (exact: w = scale·q + bias)
             from mlx_lm.utils import dequantize_model
 
             self.model = dequantize_model(self.model)
@@ -386,7 +392,7 @@ class MlxEngine:
                     t_first = t_prefill = now
                 generated.append(tok)
                 eog = self.is_eog(tok)
-                tlp = self._logprob(tok, lp, p.logprobs) if p.logprobs is not None and not eog else None
+                tlp = self.token_logprob(tok, lp, p.logprobs) if p.logprobs is not None and not eog else None
                 # the text pipeline shared with llama.cpp: UTF-8, stop strings, max_tokens, context full, loops
                 out, finish = stream.push(tok, b"" if eog else self.token_bytes(tok, p.render_special), eog=eog,
                                           n_ctx_used=base + 1 + m)
@@ -455,7 +461,9 @@ class MlxEngine:
         self.reset_cache()
         return False
 
-    def _logprob(self, tok: int, lp, top_n: int) -> TokenLogprob:
+    def token_logprob(self, tok: int, lp, top_n: int) -> TokenLogprob:
+        """``tok``'s logprob and the ``top_n`` most likely alternatives, from ``lp`` (the model's logprobs,
+        ``mx.array [1, vocab]``)."""
         import numpy as np
 
         v = np.array(lp[0].astype(self.mx.float32))
