@@ -8,12 +8,21 @@
 Each is measured ``--rounds`` times, interleaved (a, b, c, a, b, c, …) so machine noise hits all three
 alike; the best round of each is compared. Goal: (c)/(b) >= 0.95.
 
-    python benches/decode.py [--model PATH] [--tokens 128] [--rounds 3] [--threads N]
+Prefill (``--prefill N``, default 2048 tokens; 0 = skip): localrun's prefill tok/s of an N-token prompt
+(``Stats.prefill_s``, one request, nothing cached) against llama.cpp's ``llama-bench -p N -n 0`` with the
+same threads and flash-attention setting, interleaved round by round in the same run (``--llama-bench
+PATH``, default /tmp/peer/build/bin/llama-bench when it exists; ``--repack 0`` where the CPU advertises AMX,
+whose kernels crash this llama.cpp: localrun then still repacks by name, docs/architecture.md §7, unless
+``LOCALRUN_NO_REPACK=1``). Goal: localrun ≥ 0.97× llama-bench.
+
+    python benches/decode.py [--model PATH] [--tokens 128] [--rounds 3] [--threads N] [--prefill 2048]
+        [--llama-bench PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 PROMPT = "Once upon a time, in a land far away, there lived"
@@ -92,6 +101,45 @@ def bench_localrun(engine, n_tokens: int) -> float:
     return last.stats.decode_tok_s
 
 
+def bench_localrun_prefill(engine, n_prompt: int) -> float:
+    """localrun's prefill tok/s of an ``n_prompt``-token prompt (distinct each call: nothing cached)."""
+    import random
+
+    from localrun.backends.base import SamplingParams
+
+    words = PROMPT.split()
+    rng = random.Random()
+    toks: list[int] = []
+    while len(toks) < n_prompt:
+        toks += engine.tokenize(" ".join(rng.choice(words) for _ in range(256)), add_special=not toks)
+    toks = toks[:n_prompt]
+    for s in engine.slots:  # nothing reused
+        s.tokens.clear()
+        engine.C.llama_memory_seq_rm(engine.mem, s.seq_id, 0, -1)
+    last = None
+    for c in engine.generate(toks, SamplingParams(temperature=0, max_tokens=1)):
+        last = c
+    return n_prompt / last.stats.prefill_s
+
+
+def bench_llama_bench(exe: str, path: str, n_prompt: int, threads: int, flash_attn: bool | None) -> float | None:
+    """llama-bench's pp``n_prompt`` tok/s (one repetition), or None when it fails."""
+    import json
+    import subprocess
+
+    from localrun.backends.llamacpp.lib import cpu_advertises_amx
+
+    fa = {None: "auto", True: "on", False: "off"}[flash_attn]
+    argv = [exe, "-m", path, "-p", str(n_prompt), "-n", "0", "-t", str(threads), "-fa", fa, "-r", "1", "-o", "json"]
+    argv += ["--repack", "0"] if cpu_advertises_amx() else []
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=True).stdout
+        return float(json.loads(out)[0]["avg_ts"])
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as e:
+        print(f"llama-bench failed: {e}")
+        return None
+
+
 def main() -> None:
     from localrun.backends import load_engine
     from localrun.model.gguf_info import read_gguf
@@ -102,6 +150,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prefill", type=int, default=2048, help="prompt tokens for the prefill comparison (0 = skip)")
+    ap.add_argument("--llama-bench", default="/tmp/peer/build/bin/llama-bench", help="llama-bench binary")
     args = ap.parse_args()
 
     import psutil
@@ -115,7 +165,8 @@ def main() -> None:
     from localrun.machine.hardware import probe_hardware
     from localrun.offload.search import plan_for_run
 
-    plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=1024)  # what `localrun chat` loads
+    n_ctx = max(1024, args.prefill + 256)
+    plan = plan_for_run(read_gguf(path), probe_hardware(), n_ctx=n_ctx)  # what `localrun chat` loads
     plan.n_threads = plan.n_threads_batch = threads
     engine = load_engine(path, plan)
 
@@ -136,6 +187,22 @@ def main() -> None:
     print(f"ratio localrun / create_completion = {c / a:.3f}")
     med = sorted(ci / bi for ci, bi in zip(res["c"], res["b"]))[len(res["b"]) // 2]
     print(f"median per-round ratio localrun / tight loop = {med:.3f}")
+    if args.prefill and os.path.exists(args.llama_bench):
+        pre = {"localrun": [], "llama-bench": []}
+        for r in range(args.rounds):
+            pre["localrun"].append(bench_localrun_prefill(engine, args.prefill))
+            lb = bench_llama_bench(args.llama_bench, path, args.prefill, threads, plan.flash_attn)
+            if lb:
+                pre["llama-bench"].append(lb)
+            print(f"prefill round {r + 1}: localrun {pre['localrun'][-1]:.1f}  llama-bench "
+                  f"{lb or float('nan'):.1f} tok/s (load average {os.getloadavg()[0]:.2f})", flush=True)
+        if pre["llama-bench"]:
+            lr, lb = max(pre["localrun"]), max(pre["llama-bench"])
+            print(f"prefill of {args.prefill} tokens, best of {args.rounds}: localrun {lr:.1f}, llama-bench "
+                  f"pp{args.prefill} {lb:.1f} tok/s; ratio {lr / lb:.3f} (goal >= 0.97; n_batch {plan.n_batch}, "
+                  f"n_ubatch {plan.n_ubatch}, flash attention {plan.flash_attn})")
+    elif args.prefill:
+        print(f"prefill comparison skipped: no llama-bench at {args.llama_bench}")
     engine.close()
 
 

@@ -1,15 +1,16 @@
-"""`localrun serve` against `python -m llama_cpp.server`: concurrency and prefix caching, same run.
+"""`localrun serve` against llama.cpp's llama-server (``--llama-server``) or `python -m llama_cpp.server`:
+concurrency, mixed lengths and prefix caching, same run.
 
 One server at a time (never both at once: each gets the whole machine), a fresh server process per level
 and the order alternating level by level (peer, localrun; localrun, peer; …) so that load from other work on
 a shared machine lands on both alike; the same GGUF (default: the embedded SmolLM2-135M Q4_1), the same
 ``--threads`` and the same context per sequence (``--ctx``):
 
-1. **Concurrency levels** (default 1, 4, 8, 16): ``level`` streaming clients in a closed loop (each sends
+1. **Concurrency levels** (default 1, 8, 16, 32): ``level`` streaming clients in a closed loop (each sends
    its next request when the previous ends) over ``/v1/completions``, greedy, ``max_tokens`` fixed, a
    distinct prompt per request. Per level: aggregate decode tok/s = completion tokens of all requests /
    wall time of the level; TTFT P50 (request sent → first token chunk, queueing included); inter-token
-   latency P50; the CPU the server process used, the CPU *other* processes used meanwhile and the CPU
+   latency P50 and P99; the CPU the server process used, the CPU *other* processes used meanwhile and the CPU
    time the hypervisor gave to other guests ("steal"; all from /proc/stat, in cores), so a noisy machine
    shows up in the table instead of hiding in the ratio.
 2. **Prefix cache**: ``--prefix-trials`` times, a fresh ~1,000-token system prompt, then two chat requests
@@ -22,7 +23,7 @@ llama-cpp-python reuses the longest prefix of the previous prompt in its single 
 The table's "loop" column is the CPU of the server's event-loop thread alone (HTTP, JSON, SSE), in cores.
 "tok/s/core" divides aggregate tok/s by the cores the server process got: when other processes take CPU
 unevenly between the phases it is the fairer comparison (a rough one: it assumes throughput scales with
-the CPU share). Flash attention: localrun leaves it to llama.cpp ("auto"), the peer
+the CPU share). Flash attention: localrun's planner decides, llama-server runs llama.cpp's "auto", the peer
 runs llama-cpp-python's default (off) unless ``--peer-flash-attn``.
 
 The peer is started with ``--interrupt_requests False`` (by default it ends a running stream as soon as
@@ -36,8 +37,21 @@ Run (a few minutes on 2 cores; everything is bounded by ``--level-timeout``):
     timeout 900 .venv/bin/python benches/serve_concurrency.py [--model PATH] [--threads N] [--ctx 2048]
         [--levels 1,4,8,16] [--requests 16] [--max-tokens 64] [--only localrun|peer] [--json OUT.json]
 
-``--llama-server PATH`` adds llama.cpp's own server as a third, reference column (``-np`` = the top
-level, one KV stream per slot, its default flash attention; ``--no-repack`` where the CPU advertises AMX).
+``--llama-server PATH`` measures llama.cpp's own server instead of llama_cpp.server (``--with-peer`` keeps
+that one too), in its two KV layouts, each a separate server per level: ``llama-server`` (one KV stream
+per slot, ``--no-kv-unified``) and ``llama-server -kvu`` (one unified pool, ``--kv-unified``); ``-np`` = the
+top level, its default flash attention (auto), ``--no-repack`` where the CPU advertises AMX. The ratios
+compare localrun with the FASTER of the two at each level (issue goals: aggregate tok/s ≥ 1.05×, TTFT p50
+≤ 0.5×). For localrun the table adds the ubatches per decode step (passes over the weights; 1.0 is the
+goal) from its /metrics (``localrun_decode_ubatches_total`` / ``localrun_decode_steps_total``: predicted
+from the batches, or measured by llama.cpp's eval callback with ``--count-ubatches``, which slows localrun
+a little) and the sequences it moved to keep the running ids consecutive.
+
+``--mixed N`` adds the mixed-lengths run (``benches/serve_mixed.py``): N short chat streams while one
+~4k-token prompt prefills; ITL p99 of the short streams during that prefill, per server.
+
+    timeout 3600 .venv/bin/python benches/serve_concurrency.py --llama-server /tmp/peer/build/bin/llama-server \
+        --levels 1,8,16,32 --mixed 8
 
 Both servers listen on free 127.0.0.1 ports and are killed on exit (also on Ctrl-C / SIGTERM).
 Not a test: it prints numbers and ratios, no thresholds are asserted.
@@ -140,13 +154,15 @@ def free_port() -> int:
 class Server:
     """One server subprocess on a loopback port; ``stop()`` is idempotent (terminate, then kill)."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_dir: str) -> None:
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: str, env: dict | None = None) -> None:
+        env_extra = env
         self.name, self.port = name, port
         self.base = f"http://{HOST}:{port}"
         self.log_path = os.path.join(log_dir, f"{name}.log")
         env = {k: v for k, v in os.environ.items()
                if k not in ("HOST", "PORT", "MODEL", "CONFIG_FILE", "LOCALRUN_API_KEY", "LOCALRUN_HOST",
-                            "LOCALRUN_PORT", "LOCALRUN_BACKEND")}
+                            "LOCALRUN_PORT", "LOCALRUN_BACKEND", "LOCALRUN_COUNT_UBATCHES")}
+        env.update(env_extra or {})
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, cwd=str(ROOT))
@@ -202,6 +218,26 @@ def completion_prompts(n: int, words: int, seed: int) -> list[str]:
             + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
 
 
+def step_counters(srv: Server) -> dict[str, float]:
+    """localrun's step totals from its /metrics (``localrun_decode_steps_total``, ``…_decode_ubatches_total``,
+    ``…_kv_moves_total``, summed over models); {} for a server without them."""
+    import httpx
+
+    try:
+        text = httpx.get(srv.base + "/metrics", timeout=10.0).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key in ("decode_steps", "decode_ubatches", "prefill_steps", "prefill_ubatches", "kv_moves"):
+            if name == f"localrun_{key}_total":
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            if name == "localrun_decode_ubatches_total":
+                out["measured"] = float('source="measured"' in line)
+    return out
+
+
 async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
     """``level`` clients in a closed loop send ``n_requests`` streaming completions in all."""
     import httpx
@@ -213,6 +249,7 @@ async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
     results = []
     timeout = httpx.Timeout(args.level_timeout, connect=10.0)
     limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
+    steps0 = await asyncio.to_thread(step_counters, srv)
     cpu = CpuWindow(srv.proc.pid)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def worker():
@@ -227,6 +264,8 @@ async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
         await asyncio.gather(*pending, return_exceptions=True)
         wall = time.perf_counter() - t0
     load = cpu.stop()
+    steps1 = await asyncio.to_thread(step_counters, srv)
+    d = {k: steps1.get(k, 0.0) - steps0.get(k, 0.0) for k in steps1}
     ok = [r for r in results if r.ok]
     toks = sum(len(r.token_times) for r in ok)  # content chunks: one per token on all three servers
     itl = [b - a for r in ok for a, b in zip(r.token_times, r.token_times[1:])]
@@ -237,7 +276,12 @@ async def run_level(srv: Server, level: int, n_requests: int, args) -> dict:
             "usage_tokens": sum(r.completion_tokens for r in ok),
             "ttft_p50_s": statistics.median(r.ttft_s for r in ok) if ok else None,
             "ttft_max_s": max(r.ttft_s for r in ok) if ok else None,
-            "itl_p50_s": statistics.median(itl) if itl else None, **load}
+            "itl_p50_s": statistics.median(itl) if itl else None,
+            "itl_p99_s": sorted(itl)[min(len(itl) - 1, int(0.99 * len(itl)))] if itl else None,
+            "decode_steps": d.get("decode_steps"), "kv_moves": d.get("kv_moves"),
+            "ubatches_per_step": (d["decode_ubatches"] / d["decode_steps"]) if d.get("decode_steps") else None,
+            "prefill_ubatches_per_step": (d["prefill_ubatches"] / d["prefill_steps"]) if d.get("prefill_steps")
+            else None, "ubatches_measured": bool(steps1.get("measured")), **load}
 
 
 def system_prompt(trial: int, words: int) -> str:
@@ -278,16 +322,19 @@ async def warmup(srv: Server) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
-def server_argv(kind: str, args, port: int) -> list[str]:
+def server_argv(kind: str, args, port: int, n_parallel: int | None = None, ctx: int | None = None) -> list[str]:
+    """The command line of a ``kind`` server with ``n_parallel`` slots (default: the top level) of ``ctx``
+    tokens each (default ``--ctx``)."""
     py = sys.executable
+    n, ctx = n_parallel or max(args.levels), ctx or args.ctx
     if kind == "localrun":
         return [py, "-m", "localrun", "serve", str(args.model), "--host", HOST, "--port", str(port),
-                "--parallel", str(max(args.levels)), "--ctx", str(args.ctx), "--threads", str(args.threads),
-                "--max-queue", "256", "--log-level", "warning"]
-    if kind == "llama-server":  # llama.cpp's own server (tools/server), built from the same llama.cpp
-        n = max(args.levels)
+                "--parallel", str(n), "--ctx", str(ctx), "--threads", str(args.threads),
+                "--max-queue", "256", "--log-level", "warning"] + list(args.localrun_arg or [])
+    if kind.startswith("llama-server"):  # llama.cpp's own server (tools/server), built from the same llama.cpp
         argv = [str(args.llama_server), "-m", str(args.model), "--host", HOST, "--port", str(port), "-np", str(n),
-                "-c", str(args.ctx * n), "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]
+                "-c", str(ctx * n), "-t", str(args.threads), "-tb", str(args.threads), "--no-webui",
+                "--kv-unified" if kind == "llama-server-kvu" else "--no-kv-unified"]
         from localrun.backends.llamacpp.lib import cpu_advertises_amx
 
         return argv + (["--no-repack"] if cpu_advertises_amx() else [])  # the AMX fix localrun applies
@@ -297,13 +344,17 @@ def server_argv(kind: str, args, port: int) -> list[str]:
             "--flash_attn", str(args.peer_flash_attn)]
 
 
-NAMES = {"localrun": "localrun serve", "peer": "llama_cpp.server", "llama-server": "llama-server"}
+NAMES = {"localrun": "localrun serve", "peer": "llama_cpp.server", "llama-server": "llama-server",
+         "llama-server-kvu": "llama-server -kvu"}
+LLAMA_SERVERS = ("llama-server", "llama-server-kvu")
 
 
-def with_server(kind: str, args, log_dir: str, what: str, fn):
-    """Start a fresh ``kind`` server, warm it up, return ``fn(srv)``; the server is always stopped."""
+def with_server(kind: str, args, log_dir: str, what: str, fn, **argv_kw):
+    """Start a fresh ``kind`` server, warm it up, return ``fn(srv)``; the server is always stopped.
+    ``argv_kw``: ``n_parallel``, ``ctx`` for ``server_argv``."""
     port = free_port()
-    srv = Server(kind, server_argv(kind, args, port), port, log_dir)
+    env = {"LOCALRUN_COUNT_UBATCHES": "1"} if kind == "localrun" and args.count_ubatches else None
+    srv = Server(kind, server_argv(kind, args, port, **argv_kw), port, log_dir, env=env)
     try:
         t0 = time.perf_counter()
         srv.wait_ready(args.start_timeout)
@@ -330,11 +381,29 @@ def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
                 runs[kind].setdefault("errors", []).append(str(e))
                 continue
             runs[kind]["levels"].append(lv)
+            ub = (f", {lv['ubatches_per_step']:.3f} ubatches per decode step "
+                  f"({'measured' if lv['ubatches_measured'] else 'predicted'}; {lv['decode_steps']:.0f} steps, "
+                  f"{lv['kv_moves']:.0f} moves)" if lv.get("ubatches_per_step") is not None else "")
             print(f"   {level:>2} streams: {lv['tok_s']:7.1f} tok/s aggregate, TTFT p50 {_ms(lv['ttft_p50_s'])}, "
-                  f"ITL p50 {_ms(lv['itl_p50_s'])}, {lv['ok']}/{n} ok, {lv['tokens_per_req']:.1f} tok/req, "
+                  f"ITL p50/p99 {_ms(lv['itl_p50_s'])}/{_ms(lv['itl_p99_s'])}{ub}, {lv['ok']}/{n} ok, "
+                  f"{lv['tokens_per_req']:.1f} tok/req, "
                   f"server {lv['server_cores']:.2f} cores (event loop {lv['loop_cores']:.2f}), "
                   f"others {lv['other_cores']:.2f} cores, stolen by the hypervisor {lv['steal_cores']:.2f}"
                   + (f"  ERRORS: {lv['errors']}" if lv["errors"] else ""), flush=True)
+    if args.mixed:
+        from serve_mixed import print_mixed, run_mixed
+
+        ctx = max(args.ctx, int(args.long_words * 1.6) + 256)
+        for kind in kinds:
+            try:
+                m = with_server(kind, args, log_dir, f"mixed {args.mixed}+1",
+                                lambda srv: asyncio.run(run_mixed(srv, args, WORDS, stream_one)),
+                                n_parallel=args.mixed + 1, ctx=ctx)
+            except (RuntimeError, asyncio.TimeoutError) as e:
+                print(f"   FAILED: {e}", flush=True)
+                continue
+            runs[kind]["mixed"] = m
+            print_mixed(NAMES[kind], m, _ms)
     if args.prefix_trials:
         for kind in kinds:
             try:
@@ -372,14 +441,16 @@ def report(runs: dict[str, dict], args) -> None:
         f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}"
     )
     print(
-        f"{'server':<17}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ok':>7}{'srv cores':>10}"
-        f"{'loop':>6}{'others':>8}{'steal':>7}{'tok/s/core':>11}"
+        f"{'server':<18}{'streams':>8}{'tok/s':>9}{'TTFT p50':>10}{'ITL p50':>9}{'ITL p99':>9}{'ub/step':>8}"
+        f"{'ok':>7}{'srv cores':>10}{'loop':>6}{'others':>8}{'steal':>7}{'tok/s/core':>11}"
     )
     for run in runs.values():
         for lv in run["levels"]:
+            ub = lv.get("ubatches_per_step")
             print(
-                f"{run['server']:<17}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
-                f"{_ms(lv['itl_p50_s']):>9}{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
+                f"{run['server']:<18}{lv['level']:>8}{lv['tok_s']:>9.1f}{_ms(lv['ttft_p50_s']):>10}"
+                f"{_ms(lv['itl_p50_s']):>9}{_ms(lv.get('itl_p99_s')):>9}{'' if ub is None else f'{ub:.3f}':>8}"
+                f"{lv['ok']:>4}/{lv['requests']:<2}{lv['server_cores']:>10.2f}"
                 f"{lv['loop_cores']:>6.2f}{lv['other_cores']:>8.2f}{lv.get('steal_cores', 0.0):>7.2f}"
                 f"{_per_core(lv):>11.1f}"
             )
@@ -402,14 +473,23 @@ def report(runs: dict[str, dict], args) -> None:
                     f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×{goal}; "
                     f"per server core {per_core:.2f}×"
                 )
-    lr, ls = runs.get("localrun"), runs.get("llama-server")
-    if lr and ls:
-        print("\nlocalrun serve / llama-server aggregate tok/s:")
-        by = {lv["level"]: lv for lv in ls["levels"]}
+    lr = runs.get("localrun")
+    if lr and any(runs.get(k) for k in LLAMA_SERVERS):
+        print("\nlocalrun serve / the faster llama-server layout at each level (goals: tok/s ≥ 1.05×, "
+              "TTFT p50 ≤ 0.5×):")
         for lv in lr["levels"]:
-            other = by.get(lv["level"])
-            if other and other["tok_s"] > 0:
-                print(f"  {lv['level']:>2} streams: {lv['tok_s'] / other['tok_s']:.2f}×")
+            cands = [(o, k) for k in LLAMA_SERVERS for o in (runs.get(k) or {}).get("levels", [])
+                     if o["level"] == lv["level"] and o["tok_s"] > 0]
+            if not cands:
+                continue
+            other, kind = max(cands, key=lambda c: c[0]["tok_s"])
+            r_tok = lv["tok_s"] / other["tok_s"]
+            r_ttft = (lv["ttft_p50_s"] / other["ttft_p50_s"]) if lv["ttft_p50_s"] and other["ttft_p50_s"] else None
+            ub = lv.get("ubatches_per_step")
+            print(f"  {lv['level']:>2} streams vs {NAMES[kind]:<17}: tok/s {r_tok:.2f}× "
+                  f"({'MET' if r_tok >= 1.05 else 'NOT MET'}), TTFT p50 {_x(r_ttft)} "
+                  f"({'MET' if r_ttft is not None and r_ttft <= 0.5 else 'NOT MET'})"
+                  + ("" if ub is None else f"; localrun {ub:.3f} ubatches per decode step"))
     for key, run in runs.items():
         ratios = [p["ratio"] for p in run["prefix"] if p["ratio"] is not None]
         if ratios:
@@ -428,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         help="threads for both servers (default: 1 if the 1-min load average exceeds 1, else all CPUs)",
     )
     ap.add_argument("--ctx", type=int, default=2048, help="context per sequence, tokens (both servers)")
-    ap.add_argument("--levels", default="1,4,8,16", help="concurrent streams per level")
+    ap.add_argument("--levels", default="1,8,16,32", help="concurrent streams per level")
     ap.add_argument("--requests", type=int, default=16, help="requests per level (levels > 1)")
     ap.add_argument("--requests-single", type=int, default=4, help="requests at level 1")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -436,7 +516,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-words", type=int, default=960, help="words in the shared system prompt (~1,000 tokens)")
     ap.add_argument("--prefix-trials", type=int, default=3)
     ap.add_argument("--peer-flash-attn", action="store_true", help="run the peer with --flash_attn True")
-    ap.add_argument("--only", choices=("localrun", "peer", "llama-server"), default=None)
+    ap.add_argument("--only", choices=("localrun", "peer", "llama-server", "llama-server-kvu"), default=None)
+    ap.add_argument("--with-peer", action="store_true", help="with --llama-server: llama_cpp.server too")
+    ap.add_argument("--localrun-arg", action="append", metavar="ARG",
+                    help="an extra argument for `localrun serve` (repeat: --localrun-arg=--flash-attn)")
+    ap.add_argument("--count-ubatches", action="store_true",
+                    help="localrun counts its ubatches with llama.cpp's eval callback (measured, a little slower) "
+                    "instead of predicting them from the batches")
+    ap.add_argument("--mixed", type=int, default=0, metavar="N",
+                    help="mixed lengths: N short chat streams while one long prompt prefills (0 = skip)")
+    ap.add_argument("--mixed-max-tokens", type=int, default=32, help="max_tokens of the short chat requests")
+    ap.add_argument("--long-words", type=int, default=3000, help="random words in the long prompt (~1.3 tokens each)")
+    ap.add_argument("--mixed-tail", type=float, default=2.0, help="seconds the short streams go on after it")
     ap.add_argument(
         "--llama-server",
         default=os.environ.get("LLAMA_SERVER"),
@@ -467,9 +558,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     with tempfile.TemporaryDirectory(prefix="serve_concurrency-") as log_dir:
-        kinds = ["peer", "localrun"] + (["llama-server"] if args.llama_server else [])
-        if args.only == "llama-server" and not args.llama_server:
-            ap.error("--only llama-server needs --llama-server PATH")
+        kinds = (["localrun", *LLAMA_SERVERS] + (["peer"] if args.with_peer else []) if args.llama_server
+                 else ["peer", "localrun"])
+        if args.only in LLAMA_SERVERS and not args.llama_server:
+            ap.error(f"--only {args.only} needs --llama-server PATH")
         runs = run_all([args.only] if args.only else kinds, args, log_dir)
     report(runs, args)
     print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
@@ -484,4 +576,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if "--backend" in sys.argv[1:]:  # --backend mlx: localrun on MLX against mlx_lm.server, in its own script
+        import runpy  # (run, not imported: that script imports this one's client and statistics)
+
+        runpy.run_path(str(Path(__file__).with_name("serve_concurrency_mlx.py")), run_name="__main__")
     sys.exit(main())

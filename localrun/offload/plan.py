@@ -134,9 +134,11 @@ def flash_attention(kv_type: str, flash_attn: bool | None, on_gpu: bool) -> bool
     """Whether the context runs with flash attention.
 
     ``flash_attn`` None (localrun decides): on with a GPU; off on the CPU, where llama.cpp's CPU
-    flash-attention kernel decoded 2-4x slower at ~1k tokens of context than the plain path in our
-    measurements (SmolLM2, 1 thread; benches/serve_concurrency.py shows it too) — except that a quantized
-    V cache needs it (llama.cpp turns AUTO into ENABLED for one, src/llama-context.cpp
+    flash-attention kernel wins prefill a little and loses decode at depth badly: llama-bench, SmolLM2
+    Q4_1, 1 thread, -fa 0 vs 1 interleaved, median of 2: pp512 148 → 163 tok/s (1.10×) at depth 0 and
+    60 → 66 at depth 4096, tg128 47.7 → 49.4 (1.04×) at depth 0 but 21.6 → 7.4 (0.34×) at depth 4096
+    (its one-query path walks the cells one by one, ggml-cpu/ops.cpp flash_attn_ext) — except that a
+    quantized V cache needs it (llama.cpp turns AUTO into ENABLED for one, src/llama-context.cpp
     llama_init_from_model). ``flash_attn`` False with a quantized V cache raises ConfigError: llama.cpp
     refuses that context ("quantized V cache requires flash_attn to be enabled", it returns NULL)."""
     quant_v = kv_type.lower() in QUANTIZED_KV
@@ -148,10 +150,25 @@ def flash_attention(kv_type: str, flash_attn: bool | None, on_gpu: bool) -> bool
     return bool(flash_attn)
 
 
+def kv_layout(n_parallel: int) -> bool:
+    """localrun's KV layout for ``n_parallel`` sequences → ``kv_unified``: one KV stream per sequence (False).
+
+    A unified pool makes any batch one ubatch (src/llama-batch.cpp ``split_simple``), but every token then
+    attends over the cells of ALL sequences, cached idle ones included (the K/Q product without flash
+    attention; a mask test per cell and head with llama.cpp's CPU flash attention, ggml-cpu/ops.cpp), so a
+    decode step grows with the pool rather than with its own sequence: measured with
+    benches/serve_concurrency.py at 8 streams, unified 69.7 tok/s vs 82.3 per-sequence. Per-sequence streams
+    cost one ubatch per run of consecutive sequence ids, and the engine keeps the running ids in one run
+    (``backends/llamacpp/placement.py``), so a decode step is one pass over the weights either way
+    (docs/architecture.md §1, "One pass per step"). The pool's cells are the same in both: n_ctx × n_parallel."""
+    return False
+
+
 def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16", n_gpu_layers: int = 0,
              n_cpu_moe: int = 0, flash_attn: bool | None = None, use_mmap: bool = True, n_ubatch: int = 512,
              n_batch: int = 512, backend: str = "llamacpp", measurement: dict | None = None,
-             offload_kqv: bool = True, gpu_indices: tuple[int, ...] | None = None) -> Plan:
+             offload_kqv: bool = True, gpu_indices: tuple[int, ...] | None = None,
+             kv_unified: bool | None = None) -> Plan:
     """Memory per tier, fits, and predicted speed of ONE configuration (no search).
 
     Tiers: VRAM (the GPUs; Apple: the Metal working set inside RAM); RAM as anonymous memory (KV and
@@ -159,6 +176,8 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     disk-backed pages: mmapped weights that do not fit in RAM and are re-read from disk every token.
     ``gpu_indices``: which of ``hw.gpus`` to use (one: llama.cpp split_mode "none" with that main_gpu);
     None = all of them (several: a layer split, ``offload/devices.py``; ``Plan.devices`` per device).
+    ``kv_unified``: one KV pool shared by the sequences (True) or one stream each (False); None = localrun's
+    choice (``kv_layout``).
     """
     from localrun.offload import devices as D
     from localrun.offload import memory as M
@@ -173,10 +192,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     ngl = n_gpu_layers if gpu is not None else 0
     ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
     fa = flash_attention(kv_type, flash_attn, gpu is not None)
-    # one KV stream per sequence (not unified). Measured with benches/serve_concurrency.py at 8 streams:
-    # unified 69.7 tok/s vs 82.3 split, since without flash attention every decoded token then attends over
-    # the cells of all sequences. The engine keeps batches friendly to split_equal instead (see step()).
-    kv_unified = False
+    kv_unified = kv_layout(n_parallel) if kv_unified is None else bool(kv_unified)
     kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch, kv_unified=kv_unified)
     n_ctx_seq = kv.n_ctx_total // max(1, n_parallel) if kv_unified else kv.n_ctx_seq
     gpu_set = set(ws.gpu_layers)
@@ -354,7 +370,10 @@ def _reasons(plan: Plan, spec, hw, gpu, ws, kv, tiers, unified: bool) -> list[st
                      f"({_gib(ws.cpu_expert_bytes)}); attention and dense weights go to the GPU first")
     cells = ", ".join(f"{p.cells} cells × {p.n_layers} layers" + (" (SWA)" if p.name == "kv_swa" else "")
                       for p in kv.parts)
-    r.append(f"KV cache {_gib(kv.bytes)} ({plan.kv_type}; {cells}; {plan.n_parallel} sequence(s))")
+    layout = (f"one pool shared by {plan.n_parallel} sequences" if plan.kv_unified and plan.n_parallel > 1
+              else f"{plan.n_parallel} sequence(s), one stream each")
+    r.append(f"KV cache {_gib(kv.bytes)} ({plan.kv_type}; {cells}; {layout}; a sequence grows to {plan.n_ctx} "
+             "tokens)")
     if plan.page_cache_bytes or plan.disk_backed_bytes:
         r.append(f"{_gib(ws.cpu_bytes)} of weights on the CPU are mmapped (page cache, reclaimable)")
     if plan.disk_backed_bytes:

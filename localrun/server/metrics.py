@@ -13,7 +13,12 @@ misses, bytes held per tier, restore seconds, corrupt files dropped;
 speculative decoding (``backends/llamacpp/spec.py``, read at scrape time from the engine's totals since it
 loaded): drafted tokens and accepted tokens (counters), verify steps;
 residency: loads, unloads (by reason), evictions, load (cold start) seconds, resident bytes per tier
-(``vram``, ``ram``: the planner's numbers for the loaded plan).
+(``vram``, ``ram``: the planner's numbers for the loaded plan);
+steps and the KV layout (``backends/llamacpp/ubatch.py``, read at scrape time from the engine's
+``step_totals`` since it loaded): decode and prefill steps and their ubatches (passes over the weights;
+one per decode step is the goal, docs/architecture.md §1), sequences moved to keep the running ids
+consecutive, whether the KV cache is one unified pool or one stream per sequence, and the tokens a
+sequence may grow to.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class ServerMetrics:
         r.register(_KVTierCollector(self.kv_caches))
         self.spec_engines: dict[str, object] = {}  # model → engine with ``.speculation`` (watch_speculation)
         r.register(_SpecCollector(self.spec_engines))
+        r.register(_StepCollector(self.spec_engines))  # the same engines: their step_totals and KV layout
 
     def for_model(self, model: str, n_parallel: int, kv_cells_total: int) -> "ModelMetrics":
         """The view one model's scheduler updates (its gauges start at 0)."""
@@ -123,7 +129,8 @@ class ModelMetrics:
 
     def watch_speculation(self, engine) -> None:
         """Report ``engine``'s speculative decoding totals (``engine.speculation.totals()``, read at scrape
-        time; nothing while ``engine.speculation`` is None or absent) as this model's series."""
+        time; nothing while ``engine.speculation`` is None or absent) as this model's series, and its step
+        totals and KV layout (``engine.step_totals``; nothing for an engine without them)."""
         self.parent.spec_engines[self.model] = engine
 
     def drop_gauges(self) -> None:
@@ -211,3 +218,52 @@ class _SpecCollector:
             accepted.add_metric([model], totals.get("accepted_tokens", 0))
             steps.add_metric([model], totals.get("verify_steps", 0))
         return [drafted, accepted, steps]
+
+
+class _StepCollector:
+    """Each model's step series, read from ``engine.step_totals`` (``backends/llamacpp/ubatch.py``
+    ``StepTotals``) when /metrics is scraped: ``localrun_decode_steps_total``,
+    ``localrun_decode_ubatches_total`` (their ratio is the passes over the weights per decode step),
+    ``localrun_prefill_steps_total``, ``localrun_prefill_ubatches_total``, ``localrun_kv_moves_total``,
+    ``localrun_kv_moved_bytes_total``; gauges ``localrun_kv_unified`` (1: one KV pool shared by the
+    sequences, 0: one KV stream per sequence) and ``localrun_sequence_max_tokens`` (what one sequence may
+    grow to, tokens). ``ubatches`` are measured by llama.cpp's eval callback when the engine was loaded
+    with ``LOCALRUN_COUNT_UBATCHES=1``, else predicted from the batches (label ``source``)."""
+
+    def __init__(self, engines: dict) -> None:
+        self.engines = engines
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        fams = {
+            "decode_steps": CounterMetricFamily("localrun_decode_steps", "Decode steps (one llama_decode of one "
+                                                "token per running sequence, drafts included)", labels=["model"]),
+            "decode_ubatches": CounterMetricFamily("localrun_decode_ubatches", "Ubatches (passes over the weights) "
+                                                   "of the decode steps", labels=["model", "source"]),
+            "prefill_steps": CounterMetricFamily("localrun_prefill_steps", "Prefill steps (one prompt chunk)",
+                                                 labels=["model"]),
+            "prefill_ubatches": CounterMetricFamily("localrun_prefill_ubatches", "Ubatches of the prefill steps",
+                                                    labels=["model", "source"]),
+            "moves": CounterMetricFamily("localrun_kv_moves", "Sequences whose KV was copied to another sequence "
+                                         "id to keep the running ids consecutive", labels=["model"]),
+            "moved_bytes": CounterMetricFamily("localrun_kv_moved_bytes", "Bytes of sequence state copied by those "
+                                               "moves", labels=["model"]),
+        }
+        unified = GaugeMetricFamily("localrun_kv_unified", "1: one KV pool shared by all sequences; 0: one KV "
+                                    "stream per sequence", labels=["model"])
+        seq_max = GaugeMetricFamily("localrun_sequence_max_tokens", "Tokens one sequence may grow to (prompt + "
+                                    "output)", labels=["model"])
+        for model, engine in list(self.engines.items()):
+            st = getattr(engine, "step_totals", None)
+            if st is None:
+                continue
+            src = "measured" if st.measured else "predicted"
+            for key, fam in fams.items():
+                fam.add_metric([model, src] if key.endswith("ubatches") else [model], getattr(st, key))
+            unified.add_metric([model], 1.0 if getattr(engine, "kv_unified", False) else 0.0)
+            seq_max.add_metric([model], float(getattr(engine, "n_ctx", 0)))
+        return [*fams.values(), unified, seq_max]

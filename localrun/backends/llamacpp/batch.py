@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from localrun.backends.base import Chunk, TokenLogprob
 from localrun.backends.llamacpp.lib import LlamaLog, last_errors
 from localrun.backends.llamacpp.seq import Generation
+from localrun.backends.llamacpp.ubatch import predict_ubatches
 from localrun.errors import BackendError
 
 
@@ -55,6 +56,10 @@ class BatchStep:
     kv_cache: Any
     speculation: Any
     projector: Any  # llamacpp.mtmd.Projector (images), None without one
+    n_ubatch: int
+    kv_unified: bool
+    step_totals: Any  # llamacpp.ubatch.StepTotals
+    _ubatch_counter: Any  # llamacpp.ubatch.UbatchCounter, None unless LOCALRUN_COUNT_UBATCHES is set
 
     def step(self, gens: Sequence[Generation]) -> list[tuple[Generation, Chunk]]:
         """One ``llama_decode`` for the running sequences; returns the chunks it produced.
@@ -77,10 +82,13 @@ class BatchStep:
         waiting = [g for g in gens if not g.done and g.prefilling]
         prefill: list[tuple[Generation, int]] = []
         spec, k = None, 0  # speculation in this step (a decode step only) and its draft length
-        if waiting and (not decoding or self._prefill_turn):
+        # a prompt that sits in a hole of the decoding ids and ends in one chunk goes first, out of turn: the
+        # decode step after it is one run again (llamacpp/placement.py)
+        filler = self.hole_filler(waiting, decoding) if waiting and decoding and not self._prefill_turn else None
+        if waiting and (not decoding or self._prefill_turn or filler is not None):
             # round-robin over the prompts still prefilling (a new one first): a short request that
             # arrives during a long prompt's prefill waits one chunk, not the whole prompt
-            g = min(waiting, key=lambda w: (w.last_prefill, w.t_start))
+            g = filler or min(waiting, key=lambda w: (w.last_prefill, w.t_start))
             self._steps += 1
             g.last_prefill = self._steps
             left = len(g.prompt) - g.n_prompt_done
@@ -111,6 +119,9 @@ class BatchStep:
             decoding = []
             self._prefill_turn = False
         else:
+            # the decoding sequences' ids in one run: one ubatch for the step (llamacpp/placement.py)
+            self.compact(decoding, waiting)
+            decoding.sort(key=lambda g: g.slot.seq_id)
             # speculation: K drafted tokens after each sequence's pending one, the same K for all (a batch of
             # equal per-sequence lengths stays one ubatch: llamacpp/spec.py), logits at every position
             spec = self.speculation if decoding and all(g.spec is not None for g in decoding) else None
@@ -127,7 +138,10 @@ class BatchStep:
             return []
         batch.n_tokens = n
         mark = LlamaLog.mark()
+        if self._ubatch_counter is not None:
+            self._ubatch_counter.take()  # graphs run outside step (an image's text chunks) are not this step's
         rc = self._decode(batch, abortable=bool(prefill))
+        self._count_ubatches(batch, n, prefill=bool(prefill))
         if rc not in (0, 2):
             raise BackendError(
                 f"llama_decode failed (code {rc}): " + last_errors(LlamaLog.since(mark)),
@@ -163,6 +177,16 @@ class BatchStep:
         if decoding and spec is not None:
             spec.finish_step(decoding, k)
         return events
+
+    def _count_ubatches(self, batch, n: int, *, prefill: bool) -> None:
+        """Add this step to ``step_totals``: the ubatches llama.cpp made of its ``n`` tokens, measured by the
+        eval callback when it is on, else predicted from the tokens' sequence ids (``llamacpp/ubatch.py``)."""
+        counter = self._ubatch_counter
+        if counter is not None:
+            k = counter.take()
+        else:
+            k = predict_ubatches([batch.seq_id[i][0] for i in range(n)], self.n_ubatch, self.kv_unified)
+        self.step_totals.add(prefill=prefill, ubatches=k)
 
     def _verify(self, g: Generation, idx: int, now: float) -> list[tuple[Generation, Chunk]]:
         """The verify side of a speculative step for ``g``: its rows ``idx .. idx + K`` hold the logits

@@ -6,7 +6,8 @@ and its constructor takes 45 parameters. This engine drives ``llama_decode`` wit
 sampler chain (``llama_sampler_chain_*``), as ``examples/simple`` and ``tools/server`` do, and decodes
 several sequences in one batch (continuous batching, used by ``localrun serve``):
 
-* a context holds ``plan.n_parallel`` sequences, each with its own KV cells (``n_ctx`` tokens each);
+* a context holds ``plan.n_parallel`` sequences, each with its own KV stream (``n_ctx`` tokens each), the
+  running ones kept on consecutive sequence ids so a decode step is one ubatch (``placement.py``);
 * each ``Slot`` remembers which tokens its KV holds, so a new prompt that shares a prefix with it (the
   same system prompt, the earlier turns of a chat) only prefills the rest (prefix caching);
 * ``step(gens)`` puts one decode token for every running sequence plus prompt chunks of the ones still
@@ -15,8 +16,8 @@ several sequences in one batch (continuous batching, used by ``localrun serve``)
   (``batch.py``: the step itself, a mixin of the engine).
 
 This module keeps the model and its context (load, close), text and tokens, the chat template, the
-sampler factory, and the sequences: which slot a prompt takes and how much of its cached prefix it keeps
-(``acquire_slot``, ``start``, ``release``).
+sampler factory, and the sequences: how much of its slot's cached prefix a prompt keeps (``start``,
+``release``; which slot it takes is ``placement.py``'s ``acquire_slot``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from localrun.backends.control import build_control
 from localrun.backends.llamacpp.batch import AbortFlag, BatchStep
 from localrun.backends.llamacpp.lib import LlamaLog, import_llama, last_errors
 from localrun.backends.llamacpp.params import context_params, load_model, model_params, new_context
+from localrun.backends.llamacpp.placement import SlotPlacement
 from localrun.backends.llamacpp.seq import Generation, Slot
+from localrun.backends.llamacpp.ubatch import StepTotals, UbatchCounter
 from localrun.backends.text import TextStream, common_prefix
 from localrun.errors import (
     BackendError,
@@ -40,7 +43,7 @@ from localrun.errors import (
 )
 
 
-class LlamaCppEngine(BatchStep):
+class LlamaCppEngine(BatchStep, SlotPlacement):
     """A GGUF loaded in llama.cpp with the parameters of a ``Plan``: a ``BatchEngine`` (``base.py``).
     ``mmproj``: a vision projector GGUF loaded with it (``llamacpp/mtmd.py``): chat messages may then carry
     images; ``mmproj_optional``: a projector that does not load is skipped with a warning (one found beside
@@ -80,6 +83,10 @@ class LlamaCppEngine(BatchStep):
 
         n_par = max(1, int(plan.n_parallel))
         cp = context_params(C, plan)
+        # LOCALRUN_COUNT_UBATCHES=1: count the passes llama.cpp makes with its eval callback (llamacpp/ubatch.py)
+        self._ubatch_counter = UbatchCounter(C) if UbatchCounter.wanted() else None
+        if self._ubatch_counter is not None:
+            self._ubatch_counter.install(cp)
         self.ctx = new_context(C, self.model, cp)
         if not self.ctx:
             lines = LlamaLog.since(mark)
@@ -93,6 +100,9 @@ class LlamaCppEngine(BatchStep):
         # tokens per sequence: llama.cpp's per-stream size, or (unified) an equal share that localrun enforces
         self.n_ctx = int(C.llama_n_ctx_seq(self.ctx)) // (n_par if cp.kv_unified else 1)
         self.n_batch = int(C.llama_n_batch(self.ctx))
+        self.n_ubatch = int(C.llama_n_ubatch(self.ctx))
+        self.kv_unified = bool(cp.kv_unified)  # one KV stream for all sequences (any batch is one ubatch)
+        self.step_totals = StepTotals(measured=self._ubatch_counter is not None)  # steps, ubatches, moves
         self.n_parallel = n_par
         self.slots = [Slot(seq_id=i) for i in range(n_par)]
         self._prefill_turn = True
@@ -272,14 +282,7 @@ class LlamaCppEngine(BatchStep):
                             dry_cache=self._dry_cache, history=history)
 
     # ------------------------------------------------------------------ sequences
-    def acquire_slot(self, prompt: Sequence[int]) -> Slot | None:
-        """The free slot whose cached tokens share the longest prefix with ``prompt`` (LRU on ties)."""
-        free = [s for s in self.slots if not s.busy]
-        if not free:
-            return None
-        # longest cached prefix; on ties the lowest id, which keeps busy sequence ids consecutive (cheaper
-        # batches, see step()), then least recently used
-        return max(free, key=lambda s: (common_prefix(s.tokens, prompt), -s.seq_id, -s.last_used))
+    # acquire_slot: which slot a prompt takes (prefix reuse, running ids kept consecutive): llamacpp/placement.py
 
     def start(self, prompt: Sequence[int], params: SamplingParams, slot: Slot | None = None) -> Generation:
         """Reserve a slot for ``prompt`` and reuse its longest cached prefix.

@@ -76,6 +76,16 @@ class DraftModel:
 
         return np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
 
+    def move(self, src: int, dst: int) -> None:
+        """Sequence ``src``'s KV and mirror to sequence ``dst`` (the target moved that sequence:
+        ``llamacpp/placement.py``); ``dst``'s are dropped. The draft's KV is unified, so this only relabels
+        cells (src/llama-kv-cache.cpp ``seq_cp`` within one stream)."""
+        C = self.C
+        C.llama_memory_seq_rm(self.mem, dst, 0, -1)
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        C.llama_memory_seq_rm(self.mem, src, 0, -1)
+        self.mirrors[dst], self.mirrors[src] = self.mirrors[src], []
+
     def propose(self, items: Sequence[tuple[int, list[int], object]], k: int) -> list[tuple[list[int], list]]:
         """``items``: (sequence id, its context tokens, ``pick``) where ``pick(logits) -> (token, q row or
         None)`` chooses a draft token (argmax, or a draw from q). Returns per item (``k`` tokens, q rows)."""
