@@ -10,10 +10,10 @@ mlx_lm.server with ``--decode-concurrency`` and ``--prompt-concurrency`` = the t
 Per level (default 1, 4, 8): aggregate decode tok/s, TTFT p50, ITL p50, CPU used; printed as ratios
 localrun / mlx_lm.server. Goals: aggregate tok/s ≥ 1.0× at every level, TTFT p50 ≤ 1.0×.
 
-Note for a CPU box (``mlx[cpu]``): localrun dequantizes the weights to float32 on the CPU (``MlxEngine``:
-mlx[cpu] has no fast quantized matmul); mlx_lm.server runs the folder's 4-bit weights as they are. On a Mac
-(Metal) both run the quantized weights. ``LOCALRUN_MLX_DEQUANTIZE=0`` in this bench's environment makes
-localrun keep them quantized too (the same forward pass as the peer).
+Note for a CPU box (``mlx[cpu]``): localrun keeps the weights quantized, as mlx_lm.server runs them, where
+that multiplies faster on this CPU, else expands them to float32 (measured at load: ``mlx/load.py``
+``dequantize_pays``); ``LOCALRUN_MLX_DEQUANTIZE=0`` / ``=1`` in this bench's environment forces either. On a
+Mac (Metal) both run the quantized weights.
 
     timeout 1200 .venv/bin/python benches/serve_concurrency.py --backend mlx [--model GGUF] [--levels 1,4,8]
         [--requests 8] [--max-tokens 32] [--json OUT.json]
