@@ -29,7 +29,7 @@ drifts hit both. Printed: each turn's TTFT ratio localrun / llama-server. The go
                                     [--chat-template NAME]
 
 Agent size (the issue's case: prompts of 15–30k tokens that grow a little each turn):
-``--model gemma-3-270m --chat-template gemma --ctx 32768 --agent-tokens 16000``; the workload is in
+``--model GEMMA.gguf --chat-template gemma --ctx 32768 --agent-tokens 16000``; the workload is in
 ``agent_workload.py``. Printed at the end: the session's reuse fraction (cached / prompt tokens over turns
 2–6) and each turn's reuse against its ceiling.
 """
@@ -228,8 +228,10 @@ def llama_server(binary: str, model: Path, args, home: Path) -> Server:
         argv.append("--no-repack")  # llama.cpp's AMX kernels die here; localrun turns them off too
     if args.flash_attn != "default":
         argv += ["-fa", args.flash_attn]
-    if args.chat_template:
-        argv += ["--chat-template", args.chat_template]
+    if args.chat_template and os.path.isfile(args.chat_template):  # a Jinja file: the same template as localrun's
+        argv += ["--jinja", "--chat-template-file", args.chat_template]
+    elif args.chat_template:  # a built-in name: llama.cpp's own (with --jinja it would be read as the template text)
+        argv += ["--no-jinja", "--chat-template", args.chat_template]
     return Server("llama-server", argv, home / "llama-server.log")
 
 
@@ -254,8 +256,9 @@ def main() -> None:
     ap.add_argument("--agent-tokens", type=int, default=0,
                     help="pad the system prompt with MCP tool definitions to ≈ this many tokens (Claude Code's "
                          "first prompt: 16000; needs --ctx 32768 and a model that takes it, e.g. Gemma-3-270M)")
-    ap.add_argument("--chat-template", default=None, help="both servers' --chat-template (gemma for the packaged "
-                                                          "Gemma-3-270M, whose file has none)")
+    ap.add_argument("--chat-template", default=None, help="both servers' chat template: a Jinja file (llama-server: "
+                                                          "--chat-template-file) or a built-in name; the packaged "
+                                                          "Gemma-3-270M's file has none (tests/templates/gemma3.jinja)")
     args = ap.parse_args()
     from localrun.store.resolve import default_model_path
 
