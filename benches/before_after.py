@@ -12,6 +12,11 @@ runs the same bench from both trees, alternating which goes first, each with its
 Printed: after / before for each, the median over rounds (goal ≥ 0.97, issue of the wings refactor).
 
     python benches/before_after.py [--before a551fcc] [--rounds 3] [--levels 1,8] [--skip-serve]
+                                   [--after-serve-arg=ARG ...]
+
+The default of ``--spec`` changed from ``auto`` to ``off`` after a551fcc (speculation is not exact yet), and
+prompt lookup is what made a551fcc's single stream fast on this bench's prompts: compare serve like with like
+with ``--after-serve-arg=--spec --after-serve-arg=auto``.
 """
 
 from __future__ import annotations
@@ -54,11 +59,13 @@ def decode_round(tree: Path, tokens: int, threads: int | None) -> tuple[float, f
     return c, c / b
 
 
-def serve_round(tree: Path, levels: str, threads: int | None, scratch: Path) -> dict[int, float]:
-    """{streams: aggregate tok/s} of one serve_concurrency.py run (localrun only)."""
+def serve_round(tree: Path, levels: str, threads: int | None, scratch: Path,
+                extra: list[str] = ()) -> dict[int, float]:
+    """{streams: aggregate tok/s} of one serve_concurrency.py run (localrun only); ``extra``: arguments for
+    that tree's `localrun serve` (``--localrun-arg``)."""
     out_json = scratch / f"serve-{os.getpid()}-{len(list(scratch.iterdir()))}.json"
     run_in(tree, ["benches/serve_concurrency.py", "--only", "localrun", "--levels", levels, "--json", str(out_json)]
-           + (["--threads", str(threads)] if threads else []))
+           + (["--threads", str(threads)] if threads else []) + [f"--localrun-arg={a}" for a in extra])
     runs = json.loads(out_json.read_text())["runs"]
     return {lv["level"]: lv["tok_s"] for lv in runs["localrun"]["levels"]}
 
@@ -71,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", default="1,8")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-serve", action="store_true")
+    ap.add_argument("--after-serve-arg", action="append", default=[], metavar="ARG",
+                    help="an argument for the working tree's `localrun serve` only, to compare like with like "
+                         "across a changed default (e.g. --after-serve-arg=--spec --after-serve-arg=auto: "
+                         "speculation was on by default before 90a0ff5)")
     args = ap.parse_args(argv)
 
     print(f"before_after: {args.before} against the working tree, {args.rounds} rounds, "
@@ -90,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"({dec[name][-1][1]:.3f} of the tight loop)", flush=True)
             if not args.skip_serve:
                 for name in order:
-                    srv[name].append(serve_round(trees[name], args.levels, args.threads, scratch))
+                    extra = args.after_serve_arg if name == "after" else []
+                    srv[name].append(serve_round(trees[name], args.levels, args.threads, scratch, extra))
                     print(f"round {r + 1} {name:6s} serve " + ", ".join(
                         f"{k} streams {v:6.1f} tok/s" for k, v in sorted(srv[name][-1].items())), flush=True)
     med = statistics.median
