@@ -36,43 +36,33 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import serve_concurrency as sc  # noqa: E402
+from serve_process import HOST, Server, free_port  # noqa: E402
 
 NAMES = {"localrun": "localrun serve", "mlx-lm": "mlx_lm.server"}
 
 
-class MlxPeer(sc.Server):
+class MlxPeer(Server):
     """mlx_lm.server: ready when /health answers; requests name its ``default_model``."""
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def ready_model(self) -> str | None:
         import httpx
 
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base + "/health", timeout=5.0).status_code == 200:
-                    self.model_id = "default_model"
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+        return "default_model" if httpx.get(self.base + "/health", timeout=5.0).status_code == 200 else None
 
 
 def server_argv(kind: str, args, port: int) -> list[str]:
     py, n = sys.executable, str(max(args.levels))
     if kind == "localrun":
-        return [py, "-m", "localrun", "serve", str(args.folder), "--backend", "mlx", "--host", sc.HOST,
+        return [py, "-m", "localrun", "serve", str(args.folder), "--backend", "mlx", "--host", HOST,
                 "--port", str(port), "--parallel", n, "--ctx", str(args.ctx), "--max-queue", "256",
                 "--log-level", "warning"]
-    return [py, "-m", "mlx_lm.server", "--model", str(args.folder), "--host", sc.HOST, "--port", str(port),
+    return [py, "-m", "mlx_lm.server", "--model", str(args.folder), "--host", HOST, "--port", str(port),
             "--decode-concurrency", n, "--prompt-concurrency", n, "--max-tokens", str(args.max_tokens)]
 
 
 def with_server(kind: str, args, log_dir: str, what: str, fn):
-    port = sc.free_port()
-    cls = sc.Server if kind == "localrun" else MlxPeer
+    port = free_port()
+    cls = Server if kind == "localrun" else MlxPeer
     srv = cls(kind, server_argv(kind, args, port), port, log_dir)
     try:
         t0 = time.perf_counter()
