@@ -3,10 +3,11 @@
 One table for ``localrun launch`` (which starts a server for the client) and ``localrun fit --for``
 (which plans a model for it). ``n_ctx`` is the context a session needs, tokens: the client's first prompt
 plus room for the turns of a session, rounded up to a power of two. ``first_prompt`` is the size of that
-first prompt, tokens, as measured against ``localrun serve`` by the tests in ``tests/clients/`` (the
-system prompt and the tool schemas: Claude Code 2.1 sends 24 tools and a 15–20k-token prompt; Codex ≈ 9k;
-an OpenAI-compatible coding CLI's first prompt was 15,874 tokens). Both depend on the tokenizer; these are
-the sizes with the Gemma-3 and SmolLM2 tokenizers (docs/serve.md "Use it with…").
+first prompt, tokens: Claude Code 2.1 sends 24 tools and a 15–20k-token prompt (seen through the proxy of
+``tests/clients/test_claude_code.py``), Codex ≈ 9k (``tests/clients/test_codex.py``), and an
+OpenAI-compatible coding CLI's first prompt was reported at 15,874 tokens (opencode's figure is that report,
+not measured here). Both depend on the tokenizer; these are the sizes with the Gemma-3 and SmolLM2
+tokenizers (docs/serve.md "Use it with…").
 """
 
 from __future__ import annotations

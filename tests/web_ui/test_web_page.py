@@ -13,195 +13,39 @@ a ``<script>`` in a model answer renders as text; an image picked in the page go
 has a vision projector (tests/mmproj_tiny.py; 1 thread, a 512-token context) as an ``image_url`` part and
 shows in the conversation. The first paint is printed, not asserted.
 
-``python tests/test_web_ui.py --screens DIR`` takes the screenshots of the chat and the model picker at
+``python tests/web_ui/test_web_page.py --screens DIR`` takes the screenshots of the chat and the model picker at
 1280×800 and 390×844 instead (not a test).
 """
 
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from clients.harness import Serve  # noqa: E402
+from web_harness import (  # noqa: E402
+    GIVE_IMAGE,
+    NO_THINKING,
+    PULL_FILE,
+    PULL_NAME,
+    PULL_REPO,
+    SERVE_ARGS,
+    STATIC,
+    Page,
+    Serve,
+    active_sequences,
+    launch,
+    serve_with_hub,
+    wait_until,
+)
 
 pytestmark = pytest.mark.model
-
-CHROMIUM = Path("/usr/bin/chromium")
-STATIC = Path(__file__).resolve().parent.parent / "localrun" / "server" / "web" / "static"
-# SmolLM2 with Qwen's QwQ template (tests/test_reasoning_server.py): the generation prompt opens <think>, so
-# every answer streams reasoning_content first; the budget (tokens) then forces the close and the answer
-SERVE_ARGS = ("--ctx", "1024", "--parallel", "2", "--reasoning-budget", "4",
-              "--chat-template", str(Path(__file__).resolve().parent / "data" / "templates" / "Qwen-QwQ-32B.jinja"))
-NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-# what "Get a model" pulls from the loopback hub: SmolLM2's file under its catalog name
-PULL_REPO, PULL_FILE, PULL_NAME = ("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", "smollm2-135m-instruct-q4_1.gguf",
-                                   "smollm2-135m-instruct:Q4_1")
-WAIT_MS = 240_000  # a liveness bound for one condition on a loaded CI machine, not a timing assert
-
-
-def ensure_chromium() -> Path:
-    """/usr/bin/chromium, installed with apt-get (as root) when missing; fails the test when it cannot be."""
-    if CHROMIUM.exists():
-        return CHROMIUM
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
-        pytest.fail("the web page tests need Debian's chromium at /usr/bin/chromium: run "
-                    "`sudo apt-get install -y chromium` (.ci/run installs it)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    with open("/tmp/localrun-chromium-install.lock", "w") as lock:  # two test processes: one installs
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not CHROMIUM.exists():
-            r = subprocess.run([apt, "install", "-y", "chromium"], capture_output=True, text=True, env=env,
-                               timeout=1200)
-            if r.returncode != 0:  # an old package list: refresh it once
-                subprocess.run([apt, "update"], capture_output=True, text=True, env=env, timeout=600)
-                r = subprocess.run([apt, "install", "-y", "chromium"], capture_output=True, text=True, env=env,
-                                   timeout=1200)
-            if r.returncode != 0 or not CHROMIUM.exists():
-                pytest.fail(f"apt-get could not install chromium:\n{(r.stderr or r.stdout)[-2000:]}")
-    return CHROMIUM
-
-
-def launch(pw):
-    return pw.chromium.launch(executable_path=str(ensure_chromium()), args=["--no-sandbox"])
-
-
-@pytest.fixture(scope="module")
-def hub(smollm_path):
-    """A loopback Hugging Face hub (tests/test_pull_fakehub.py) that has SmolLM2's file as ``PULL_REPO``."""
-    from test_pull_fakehub import FakeHub
-
-    h = FakeHub({PULL_REPO: {PULL_FILE: smollm_path}})
-    yield h
-    h.close()
-
-
-def serve_with_hub(model: Path, home: Path, hub_url: str, *args: str) -> Serve:
-    """``localrun serve`` whose pulls go to the hub at ``hub_url`` (HF_ENDPOINT, no token)."""
-    with pytest.MonkeyPatch.context() as mp:  # the subprocess copies the environment as it starts
-        mp.setenv("HF_ENDPOINT", hub_url)
-        mp.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
-        mp.delenv("HF_TOKEN", raising=False)
-        return Serve(model, home, *args)
-
-
-@pytest.fixture(scope="module")
-def server(smollm_path, gemma_path, hub, tmp_path_factory):
-    """One ``localrun serve`` on SmolLM2 for the module (a thinking template: ``SERVE_ARGS``); Gemma
-    (``gemma_path``: assembled) is listed by name and loads on demand; it pulls from ``hub``."""
-    s = serve_with_hub(smollm_path, tmp_path_factory.mktemp("web_serve"), hub.url, *SERVE_ARGS)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def vision_server(smollm_path, tmp_path_factory):
-    """A second, cheap server (1 thread, a 512-token context, 1 slot) on SmolLM2 with the tiny vision
-    projector (tests/mmproj_tiny.py), started by the one test that sends an image."""
-    from mmproj_tiny import write_tiny_mmproj
-
-    d = tmp_path_factory.mktemp("web_vision")
-    mmproj = write_tiny_mmproj(d / "mmproj-tiny-gemma3.gguf")
-    s = Serve(smollm_path, d / "home", "--mmproj", str(mmproj), "--ctx", "512", "--parallel", "1", "--threads", "1")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = launch(pw)
-        yield b
-        b.close()
-
-
-class Page:
-    """A fresh browser context on ``/ui``, recording console errors and uncaught page errors. (Conditions are
-    waited for with function predicates: a string one is an ``eval``, which the page's CSP refuses.)"""
-
-    def __init__(self, browser, url: str, viewport=(1280, 800), path: str = "/ui") -> None:
-        self.ctx = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True)
-        self.ctx.set_default_timeout(WAIT_MS)
-        self.page = self.ctx.new_page()
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
-        self.url = url
-        self.response = self.page.goto(url + path)
-        self.ready()
-
-    def ready(self) -> None:
-        self.page.wait_for_selector("body[data-ready='1']", state="attached")
-
-    def settings(self, **values) -> None:
-        """Fill the settings pane (temperature, top_p, max_tokens, seed, extra: a dict sent as JSON)."""
-        p = self.page
-        p.click("#btn-settings")
-        for k, v in values.items():
-            p.fill(f"#set-{k}", json.dumps(v) if k == "extra" else str(v))
-        p.click("#drawer-close")
-
-    def ask(self, text: str) -> None:
-        self.page.fill("#input", text)
-        self.page.press("#input", "Enter")
-
-    def last_answer(self, state: str = "done"):
-        return self.page.wait_for_selector(f".msg.assistant:last-child[data-state='{state}']")
-
-    def close(self) -> None:
-        self.ctx.close()
-
-
-@pytest.fixture
-def ui(browser, server):
-    pages: list[Page] = []
-
-    def make(**kw) -> Page:
-        pages.append(Page(browser, server.url, **kw))
-        return pages[-1]
-
-    yield make
-    for p in pages:
-        p.close()
-
-
-# hands the page a PNG as a drop on the chat or a paste into the message box would (a DataTransfer with a File)
-GIVE_IMAGE = """([how, b64]) => { const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-    const dt = new DataTransfer(); dt.items.add(new File([bytes], how + '.png', {type: 'image/png'}));
-    const init = {bubbles: true, cancelable: true};
-    if (how === 'drop') document.querySelector('.chat').dispatchEvent(new DragEvent('drop',
-        {...init, dataTransfer: dt}));
-    else document.getElementById('input').dispatchEvent(new ClipboardEvent('paste',
-        {...init, clipboardData: dt})); }"""
-
-
-def active_sequences(url: str) -> float:
-    """The server's ``localrun_active_sequences`` gauge, summed over models (/metrics)."""
-    text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("localrun_active_sequences"))
-
-
-def wait_until(cond, what: str, limit_s: float = WAIT_MS / 1000):
-    """Poll ``cond()`` until it is true (a liveness bound, not a timing assert)."""
-    deadline = time.monotonic() + limit_s
-    while not cond():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_page_loads_with_no_console_errors(ui, server):
@@ -454,60 +298,6 @@ def test_an_image_picked_in_the_page_goes_with_the_question(browser, vision_serv
         p.close()
 
 
-def key_server(tmp_path):
-    """A server with an API key and no model (its page, its key dialog, its 401s)."""
-    from helpers import ServerThread
-
-    from localrun.config import Settings
-    from localrun.server.app import create_app
-    from localrun.server.runtime import ServeOptions
-
-    return ServerThread(create_app(None, Settings(home=tmp_path, models_dir=tmp_path / "models"),
-                                   ServeOptions(api_key="sesame")))
-
-
-def test_ui_with_a_trailing_slash_opens_before_the_key(browser, tmp_path):
-    """``/ui/`` is the page as ``/ui`` is, with an API key too: the page loads, then asks for the key."""
-    srv = key_server(tmp_path)
-    p = None
-    try:
-        assert httpx.get(srv.url + "/ui/").status_code == 200
-        p = Page(browser, srv.url, path="/ui/")
-        assert p.response.status == 200
-        p.page.wait_for_selector("#key-dialog[open]")
-    finally:
-        if p is not None:
-            p.close()
-        srv.stop()
-
-
-def test_the_page_asks_for_the_api_key_once(browser, tmp_path):
-    """A server with an API key (no model needed: its page, its key dialog, its 401s): the page itself is
-    open, asks for the key on the first 401, keeps it for the tab (sessionStorage, not localStorage) and
-    sends it from then on, after a reload too."""
-    srv = key_server(tmp_path)
-    p = None
-    try:
-        p = Page(browser, srv.url)
-        assert p.response.status == 200
-        p.page.wait_for_selector("#key-dialog[open]")
-        p.page.fill("#key-input", "sesame")
-        p.page.click("#key-save")
-        p.page.wait_for_function("() => document.getElementById('model-name').textContent === 'default model'")
-        assert not p.page.is_visible("#key-dialog")
-        assert p.page.evaluate("() => sessionStorage.getItem('localrun.apiKey')") == "sesame"
-        assert "sesame" not in json.dumps(p.page.evaluate("() => ({...localStorage})"))
-        p.page.reload()
-        p.ready()
-        p.page.wait_for_function("() => document.getElementById('model-name').textContent === 'default model'")
-        assert not p.page.is_visible("#key-dialog")
-        assert p.errors and all("401" in e for e in p.errors), p.errors  # only the first, refused request
-    finally:
-        if p is not None:
-            p.close()
-        srv.stop()
-
-
 def screenshots(out: Path) -> None:
     """The chat, the model picker (a model just pulled from a loopback hub, Gemma's plan) and the server panel,
     and a question with an image (a second server with the tiny projector), at 1280×800 and 390×844, into
@@ -574,4 +364,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--screens":
         screenshots(Path(sys.argv[2]))
     else:
-        print("usage: python tests/test_web_ui.py --screens DIR")
+        print("usage: python tests/web_ui/test_web_page.py --screens DIR")
