@@ -41,6 +41,34 @@ if _WORKERS > 1 and not os.environ.get("LOCALRUN_THREADS"):
     os.environ["LOCALRUN_THREADS"] = str(max(1, _cores // _WORKERS))
 
 
+# ---- a system OpenBLAS for mlx[cpu] ------------------------------------------------------------------------
+# mlx[cpu]'s Linux wheel carries the reference BLAS (mlx_cpu.libs/libblas-*.so), and float32 matmuls (an MLX
+# prompt's prefill once load.dequantize_pays picks float32) go through it at ≈ 1 GFLOP/s: the MLX tests
+# spend most of their time there. Where a system OpenBLAS is installed (Debian: libopenblas0-pthread, which
+# .ci/run installs), the processes this session starts (the xdist workers, `localrun` subprocesses) get it
+# through LD_PRELOAD, whose cblas_sgemm then serves libmlx's calls (measured here: SmolLM2 prefill 125 against
+# 8 tokens/s). Set before the workers start; one BLAS thread per worker's share of the cores.
+# LOCALRUN_TEST_BLAS=0 keeps the wheel's own BLAS.
+def _system_openblas() -> str | None:
+    import glob
+    import sys
+
+    if sys.platform != "linux" or os.environ.get("LD_PRELOAD") or os.environ.get("LOCALRUN_TEST_BLAS") == "0":
+        return None
+    for pattern in ("/usr/lib/*/openblas-pthread/libopenblas.so.0", "/usr/lib/*/libopenblas.so.0",
+                    "/usr/lib64/libopenblas.so.0"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+if "PYTEST_XDIST_WORKER" not in os.environ and (_blas := _system_openblas()):
+    os.environ["LD_PRELOAD"] = _blas
+    _n = os.cpu_count() or 1
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(max(1, _n // min(4, _n))))  # -n auto: min(4, cores) workers
+
+
 def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
     """{relative path: (size, mtime ns)} of every file under ``root`` ({} when it does not exist)."""
     out = {}

@@ -109,7 +109,7 @@ class MlxEngine:
             cpu_dequantize = env == "1" if env in ("0", "1") else (not mx.metal.is_available()
                                                                     and dequantize_pays(self.model))
         if cpu_dequantize:
-            # on a CPU whose float32 GEMV beats mlx's quantized kernels (measured: load.dequantize_pays), the
+            # on a CPU whose float32 matmuls beat mlx's quantized kernels (measured: load.dequantize_pays), the
             # weights are expanded to float32 once (exact: w = scale·q + bias)
             from mlx_lm.utils import dequantize_model
 

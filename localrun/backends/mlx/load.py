@@ -83,12 +83,16 @@ _DEQUANTIZE_PAYS: dict[tuple, bool] = {}
 
 def dequantize_pays(model) -> bool:
     """Whether this CPU runs the model's matmuls faster on float32 weights than on mlx's quantized kernels,
-    measured: one GEMV (a single token's row) through the model's largest quantized matrix (a
-    ``QuantizedLinear``, or tied embeddings as the output layer: ``QuantizedEmbedding.as_linear``), quantized and
-    with its weight expanded (``mx.dequantize``), best of 3 each after a warm-up. The answer differs by CPU
-    (mlx[cpu]: float32 went through BLAS ≈ 5× faster than a 4-bit kernel on an AMD EPYC; on an Intel Xeon
-    with AVX-512 the 4-bit kernel was 1.8× faster, 2048×8192: 11.6 ms against 21.0 ms), so it is measured
-    once per process and layer shape (≈ 0.1 s). False for a model with no quantized layer."""
+    measured through the model's largest quantized matrix (a ``QuantizedLinear``, or tied embeddings as the
+    output layer; its first 2,048 rows), quantized (``mx.quantized_matmul``) and with its weight expanded
+    (``mx.dequantize``), best of 3 each after a warm-up, on the two shapes a generation runs: one token's row
+    (decode, a GEMV) and a 32-token prefill chunk (a GEMM). Float32 pays when one of each takes less time
+    in total. The answer differs by CPU and by the BLAS mlx[cpu] finds (float32 goes through BLAS; the
+    wheel's own is the reference BLAS): on an AMD EPYC float32 was ≈ 5× faster than a 4-bit kernel; on an
+    Intel Xeon with AVX-512 the 4-bit GEMV was 1.8× faster (2048×8192: 11.6 ms against 21.0 ms), while with
+    OpenBLAS interposed a float32 prefill ran 15× faster (SmolLM2: 125 against 8 tokens/s, decode 5.8 against
+    5.3 tokens/s). So it is measured once per process and layer shape (≈ 0.2 s). False for a model with no
+    quantized layer."""
     import time
 
     import mlx.core as mx
@@ -98,12 +102,21 @@ def dequantize_pays(model) -> bool:
     if not layers:
         return False
     q = max(layers, key=lambda m: m.weight.size)
-    run = q.as_linear if isinstance(q, nn.QuantizedEmbedding) else q
     key = (tuple(q.weight.shape), q.bits, q.group_size)
     if key not in _DEQUANTIZE_PAYS:
-        w = mx.dequantize(q.weight, q.scales, q.biases, q.group_size, q.bits)
-        x = mx.random.normal((1, w.shape[1]))
-        mx.eval(w, x)
+        # its first 2,048 output rows: the time per row is the same, and a 262,144-token vocabulary's tied
+        # embeddings (Gemma 3) would take seconds per quantized prefill chunk at mlx[cpu]'s speed
+        rows = slice(0, min(2048, q.weight.shape[0]))
+        biases = q.biases[rows] if getattr(q, "biases", None) is not None else None  # None: mxfp4-style modes
+        wq, scales, kw = q.weight[rows], q.scales[rows], {"group_size": q.group_size, "bits": q.bits}
+        if hasattr(q, "mode"):
+            kw["mode"] = q.mode
+        w = mx.dequantize(wq, scales, biases, **kw)
+        x1, x32 = mx.random.normal((1, w.shape[1])), mx.random.normal((32, w.shape[1]))
+        mx.eval(w, wq, scales, x1, x32)
+
+        def quantized(x):
+            return mx.quantized_matmul(x, wq, scales, biases, transpose=True, **kw)
 
         def best(f) -> float:
             mx.eval(f())
@@ -114,5 +127,6 @@ def dequantize_pays(model) -> bool:
                 times.append(time.perf_counter() - t0)
             return min(times)
 
-        _DEQUANTIZE_PAYS[key] = best(lambda: x @ w.T) < best(lambda: run(x))
+        float32 = best(lambda: x1 @ w.T) + best(lambda: x32 @ w.T)
+        _DEQUANTIZE_PAYS[key] = float32 < best(lambda: quantized(x1)) + best(lambda: quantized(x32))
     return _DEQUANTIZE_PAYS[key]
