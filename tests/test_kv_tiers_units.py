@@ -129,3 +129,10 @@ def test_system_prompt_end_is_where_user_turns_part():
         raise ChatTemplateError("this template wants a user turn first")
 
     assert system_prompt_end(cache, msgs, prompt, refuse) == 0
+
+    def with_tools(msgs):  # a template that writes 40 tools' words into a system turn of its own
+        return [1, 3, *[5] * 40, 2] + render(msgs)[1:]
+
+    asked = [Message("user", "which question")]
+    assert system_prompt_end(cache, asked, with_tools(asked), with_tools) == 0  # not told that tools are there
+    assert system_prompt_end(cache, asked, with_tools(asked), with_tools, tools=True) == 44  # [1, 3, 40, 2, 4]

@@ -210,11 +210,14 @@ class KVCache(SnapshotStore):
         return True
 
 
-def system_prompt_end(cache: KVCache, messages: Sequence, prompt: Sequence[int], render) -> int:
+def system_prompt_end(cache: KVCache, messages: Sequence, prompt: Sequence[int], render, *, tools: bool = False
+                      ) -> int:
     """Note where ``prompt`` (``messages`` rendered) stops being the same for every user turn after its
     leading system (or developer) messages, as a boundary of ``cache`` (``KVCache.note_boundary``) → that
-    position, 0 when there is none (no system message, nothing after it, too short, or a template that will
-    not render the probe). ``render(messages)`` → token ids. The probe is the system messages plus a user
+    position, 0 when there is none (no system message and no tools, nothing after it, too short, or a
+    template that will not render the probe). ``tools``: ``render`` writes tool definitions, which templates
+    put in the system turn (Qwen, Llama 3, Hermes): an agent's request has a long shared head even with no
+    system message, and concurrent requests that share it restore it instead of each prefilling it. ``render(messages)`` → token ids. The probe is the system messages plus a user
     turn whose text is one private-use character: the common prefix of its tokens and ``prompt``'s ends
     where the user's text begins (after the template's user header; a template that folds the system text
     into the first user turn, as Gemma's does, gives the same), and is always a true prefix of ``prompt``.
@@ -228,7 +231,7 @@ def system_prompt_end(cache: KVCache, messages: Sequence, prompt: Sequence[int],
     k = 0
     while k < len(messages) and role(messages[k]) in ("system", "developer"):
         k += 1
-    if k == 0 or k == len(messages) or len(prompt) <= cache.min_tokens:
+    if (k == 0 and not tools) or k == len(messages) or len(prompt) <= cache.min_tokens:
         return 0
     try:
         probe = render([*messages[:k], Message("user", "\ue000")])

@@ -260,7 +260,8 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
 
             system_prompt_end(self.kv_cache, messages, ids, lambda m: chat_prompt_tokens(
                 self._template, self.model_path, m, self.tokenize, add_generation_prompt=False, tools=tools,
-                parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)[1])
+                parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)[1],
+                tools=bool(tools))
         return text, ids
 
     @property
