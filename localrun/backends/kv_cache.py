@@ -212,16 +212,16 @@ class KVCache(SnapshotStore):
 
 def system_prompt_end(cache: KVCache, messages: Sequence, prompt: Sequence[int], render, *, tools: bool = False
                       ) -> int:
-    """Note where ``prompt`` (``messages`` rendered) stops being the same for every user turn after its
-    leading system (or developer) messages, as a boundary of ``cache`` (``KVCache.note_boundary``) → that
-    position, 0 when there is none (no system message and no tools, nothing after it, too short, or a
-    template that will not render the probe). ``tools``: ``render`` writes tool definitions, which templates
-    put in the system turn (Qwen, Llama 3, Hermes): an agent's request has a long shared head even with no
-    system message, and concurrent requests that share it restore it instead of each prefilling it. ``render(messages)`` → token ids. The probe is the system messages plus a user
-    turn whose text is one private-use character: the common prefix of its tokens and ``prompt``'s ends
-    where the user's text begins (after the template's user header; a template that folds the system text
-    into the first user turn, as Gemma's does, gives the same), and is always a true prefix of ``prompt``.
-    Raises nothing."""
+    """Note where ``prompt`` (``messages`` rendered) stops being the same for every user turn after its leading
+    system (or developer) messages, as a boundary of ``cache`` (``KVCache.note_boundary``) → that position, 0 when
+    there is none (no system message and no tools, nothing after it, too short, or a template that will not render
+    the probe). ``tools``: ``render`` writes tool definitions, which templates put in the system turn (Qwen, Llama
+    3, Hermes): an agent's request has a long shared head even with no system message, and concurrent requests
+    that share it restore it instead of each prefilling it. ``render(messages)`` → token ids. The probe is the
+    system messages plus a user turn whose text is one private-use character: the common prefix of its tokens and
+    ``prompt``'s ends where the user's text begins (after the template's user header; a template that folds the
+    system text into the first user turn, as Gemma's does, gives the same), and is always a true prefix of
+    ``prompt``. Raises nothing."""
     from localrun.backends.base import Message
     from localrun.errors import LocalrunError
 
