@@ -104,10 +104,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 MODEL_FIXTURES = frozenset({"smollm_path", "gemma_path", "smollm_engine", "draft_pair"})
 
 
-# the files that take longest (minutes on 2 cores: MLX on its CPU kernels, the real agent clients) run first,
-# so that under ``--dist loadscope`` no worker starts one of them while the other is nearly done
-LONG_FILES = ("test_mlx_spec.py", "test_mlx_kv.py", "test_claude_code.py", "test_codex.py", "test_rpc.py",
-              "test_constrain_mlx.py", "test_mlx.py", "test_mlx_serve.py", "test_spec.py", "test_chat_thinking.py")
+# the files that take longest (a minute or more on 2 cores: the real agent clients' long prompts, Gemma's
+# batches, speculation, MLX) run first, so that no worker starts one of them while the other is nearly done.
+# pyproject's addopts has --no-loadscope-reorder: xdist would otherwise sort the files by their number of
+# tests, which put the two Claude Code tests last (a 2.5-minute tail on one worker, measured)
+LONG_FILES = ("test_claude_code.py", "test_codex.py", "test_spec.py", "test_batch_equivalence.py", "test_launch.py",
+              "test_kv_tiers.py", "test_engine_swa_interrupt.py", "test_constrain_engine.py", "test_mlx_serve.py",
+              "test_mlx_spec.py", "test_mlx.py", "test_repeatable_default.py", "test_constrain_mlx.py",
+              "test_kv_tiers_boundaries.py", "test_responses.py", "test_mlx_kv.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
