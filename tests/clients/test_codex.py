@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -104,16 +105,18 @@ def test_codex_exec_prints_the_streamed_answer(codex, server, tmp_path):
 
 
 def force_exec_command(path: str, body: dict) -> dict:
-    """A first turn (no tool output in it yet) gets a forced, greedy call of ``exec_command`` with ``cmd``
-    fixed to ``pwd``; later ones are greedy (and end by themselves: the server runs with ``--stop-loops``)."""
+    """A first turn (no tool output in it yet) gets a forced, greedy call of ``exec_command``; later ones are
+    greedy (and end by themselves: the server runs with ``--stop-loops``). Every turn alike has
+    ``exec_command``'s ``cmd`` fixed to ``pwd``: the tools' text is part of the prompt prefix the turn after
+    the call reuses from the KV cache."""
     body = dict(body, temperature=0)
+    for t in body.get("tools", []):
+        if t.get("name") == "exec_command":
+            t["parameters"] = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["pwd"]}},
+                               "required": ["cmd"], "additionalProperties": False}
     if not any(i.get("type") == "function_call_output" for i in body.get("input", [])):
         body["max_output_tokens"] = 48
         body["tool_choice"] = {"type": "function", "name": "exec_command"}
-        for t in body.get("tools", []):
-            if t.get("name") == "exec_command":
-                t["parameters"] = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["pwd"]}},
-                                   "required": ["cmd"], "additionalProperties": False}
     return body
 
 
@@ -135,4 +138,8 @@ def test_a_forced_tool_call_reaches_codex_and_its_output_comes_back(codex, serve
     assert calls and outputs and calls[0]["call_id"] == outputs[0]["call_id"], second["input"][-3:]
     assert json.loads(calls[0]["arguments"]) == {"cmd": "pwd"}
     assert sse_events(proxy.responses[1])[-1][1]["type"] in ("response.completed", "response.incomplete")
-    assert " 400 " not in server.log_text()
+    log = server.log_text()
+    assert " 400 " not in log
+    # the turn after the call (the whole conversation again: store false) reused the first turn's prompt
+    last = re.findall(r"POST /v1/responses 200 \S+ prompt_tokens=(\d+) cached_tokens=(\d+)", log)[-1]
+    assert int(last[1]) >= 0.8 * int(last[0]), last
