@@ -114,6 +114,46 @@ def test_think_off_without_a_switch_closes_the_block_at_once(smollm_path):
         eng.close()
 
 
+def test_a_ctrl_c_between_turns_keeps_the_session(qwq, monkeypatch, capsys):
+    """A Ctrl-C that lands after an answer ended (while its stats line prints: the answer was quicker than
+    the person) or during a command says how to leave and keeps the session and its history; the next
+    message is answered. The signal's timing is what cannot be had on demand here, so the stats line and
+    /stats raise the KeyboardInterrupt a SIGINT would raise there."""
+    from types import SimpleNamespace
+
+    from localrun.chat import repl as repl_mod
+
+    s = ChatSession(qwq, SamplingParams(temperature=0, max_tokens=12), think=False)
+    r = repl_mod.Repl(s, SimpleNamespace(plan=SimpleNamespace(n_gpu_layers=0)))
+    lines = iter(["Name a colour.", "/stats", "Name a fruit."])
+
+    def read(_prompt):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    r._read = read
+    hits = {"stats": 0}
+
+    def ctrl_c_once(*a):
+        hits["stats"] += 1
+        if hits["stats"] <= 2:  # the first answer's stats line and the /stats command
+            raise KeyboardInterrupt
+        return "stats"
+
+    monkeypatch.setattr(repl_mod, "stats_line", ctrl_c_once)
+    monkeypatch.setattr(repl_mod.Repl, "show_stats", lambda self: ctrl_c_once())
+    try:
+        r.run()  # returns at the end of input (Ctrl-D)
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C between two turns ended the chat")
+    out = capsys.readouterr().out
+    assert out.count("Ctrl-D or /exit to leave") == 2, out
+    assert [m.role for m in s.messages] == ["user", "assistant", "user", "assistant"]
+    assert s.messages[2].content == "Name a fruit." and hits["stats"] == 3  # the second answer ran to its end
+
+
 def _env(home) -> dict:
     return dict(os.environ, LOCALRUN_HOME=str(home), TERM="xterm", COLUMNS="100", LINES="30",
                 PROMPT_TOOLKIT_NO_CPR="1")  # pexpect never answers a cursor-position request

@@ -170,21 +170,28 @@ class Repl:
                        f"{plan.n_gpu_layers} GPU layers" + (" · raw completion" if self.raw else ""), style="cyan")
         self.con.print("Type a message, /help for commands, Ctrl-D to leave.", style="dim")
         while True:
+            # a Ctrl-C at the prompt, or one that lands between two pieces of work (after an answer ended,
+            # while its notes or stats print, during a command) says how to leave and keeps the session;
+            # one during an answer is handled in ``answer`` (the partial answer is kept)
             try:
-                text = self.read_message()
+                if self.turn() == "exit":
+                    return
             except KeyboardInterrupt:
                 self.con.print("(Ctrl-D or /exit to leave)", style="dim")
-                continue
             except EOFError:
                 self.con.print()
                 return
-            if not text.strip():
-                continue
-            if text.strip().startswith("/") and not self.raw or text.strip() in ("/exit", "/bye", "/quit"):
-                if self.command(text.strip()) == "exit":
-                    return
-                continue
-            self.answer(text)
+
+    def turn(self) -> str | None:
+        """Read one message and answer it (or run it as a command). Returns "exit" to leave; raises
+        EOFError (Ctrl-D) and KeyboardInterrupt (a Ctrl-C outside an answer's stream)."""
+        text = self.read_message()
+        if not text.strip():
+            return None
+        if text.strip().startswith("/") and not self.raw or text.strip() in ("/exit", "/bye", "/quit"):
+            return self.command(text.strip())
+        self.answer(text)
+        return None
 
     def answer(self, text: str) -> None:
         s = self.session
