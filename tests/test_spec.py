@@ -109,13 +109,20 @@ def test_draft_model_loads_like_the_target_with_amx_placement(draft_pair, monkey
     assert spec == plain and last.stats.draft_tokens > 0
 
 
-@pytest.mark.parametrize("mode", ["ngram", "draft"])
-def test_greedy_identical_8_streams(target, draft_pair, mode):
+@pytest.fixture(scope="module")
+def plain_8_streams(target):
+    """The 8 streams' prompts, their params and their greedy output without speculation (one run for both
+    modes of ``test_greedy_identical_8_streams``)."""
     fruits = ["pear", "plum", "fig", "kiwi", "lime", "date", "yuzu", "sloe"]
     prompts = [_prompt(target, EDIT.replace("'pear' to 'plum'", f"'{f}' to 'berry'")) for f in fruits]
     params = [SamplingParams(temperature=0, max_tokens=40 + 3 * i) for i in range(8)]
     _set(target, "off")
-    plain = _run(target, prompts, params)
+    return prompts, params, _run(target, prompts, params)
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_greedy_identical_8_streams(target, draft_pair, plain_8_streams, mode):
+    prompts, params, plain = plain_8_streams
     _set(target, mode, draft_pair[1], adaptive=False)
     spec = _run(target, prompts, params)
     assert [ids for ids, _ in spec] == [ids for ids, _ in plain]
