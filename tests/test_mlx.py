@@ -193,9 +193,11 @@ def test_stop_string_and_max_tokens(mlx_smollm):
 def test_ignore_eos_runs_to_max_tokens(mlx_smollm):
     yes = Message("user", "Reply with the single word: yes")
     short = list(mlx_smollm.chat([SYSTEM, yes], SamplingParams(temperature=0, max_tokens=40)))
-    assert short[-1].finish_reason == "stop" and short[-1].stats.completion_tokens < 40
-    full = list(mlx_smollm.chat([SYSTEM, yes], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
-    assert full[-1].finish_reason == "length" and full[-1].stats.completion_tokens == 40
+    n = short[-1].stats.completion_tokens
+    assert short[-1].finish_reason == "stop" and n < 40
+    # past the end of generation it stopped at, to max_tokens
+    full = list(mlx_smollm.chat([SYSTEM, yes], SamplingParams(temperature=0, max_tokens=n + 4, ignore_eos=True)))
+    assert full[-1].finish_reason == "length" and full[-1].stats.completion_tokens == n + 4
 
 
 def test_closing_early_leaves_the_engine_usable(mlx_smollm):
