@@ -96,7 +96,8 @@ def test_claude_print_streams_and_exits_0(claude, smollm_path, tmp_path):
 
 class ForceBash:
     """The proxy's rewrite: a first turn calls ``Bash`` with ``command`` = ``pwd`` (forced, greedy); the
-    turn after the tool result answers in at most 60 characters (``tool_choice`` none, a string schema)."""
+    turn after the tool result answers in at most 40 plain characters (``tool_choice`` none, a string
+    schema whose pattern bounds its tokens)."""
 
     def __call__(self, path: str, body: dict) -> dict:
         if not path.startswith("/v1/messages") or "count_tokens" in path:
@@ -112,9 +113,14 @@ class ForceBash:
         if not answered and any(t.get("name") == "Bash" for t in body.get("tools", [])):
             body["tool_choice"] = {"type": "tool", "name": "Bash"}
             body["max_tokens"] = 64
-        elif answered:  # an answer, at most 60 characters, with the tools still described (the cached prefix)
+        elif answered:  # a short answer, with the tools still described (the cached prefix)
+            # letters, digits and a little punctuation, at most 40 of them: every character is at least one
+            # token, so the JSON string closes within 42 tokens, well inside max_tokens. (maxLength 60 alone
+            # let the model spend 64 tokens on escapes and one-character pieces without closing the string:
+            # stop_reason max_tokens, which Claude Code reports as an error and exits 1; seen once here.)
+            schema = {"type": "string", "pattern": "^[A-Za-z0-9 .,/]{1,40}$"}
             body["tool_choice"] = {"type": "none"}
-            body["output_config"] = {"format": {"type": "json_schema", "schema": {"type": "string", "maxLength": 60}}}
+            body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
             body["max_tokens"] = 64
         return body
 
