@@ -136,14 +136,14 @@ def test_a_ctrl_c_between_turns_keeps_the_session(qwq, monkeypatch, capsys):
     r._read = read
     hits = {"stats": 0}
 
-    def ctrl_c_once(*a):
+    def ctrl_c_in_stats(*a):
         hits["stats"] += 1
         if hits["stats"] <= 2:  # the first answer's stats line and the /stats command
             raise KeyboardInterrupt
         return "stats"
 
-    monkeypatch.setattr(repl_mod, "stats_line", ctrl_c_once)
-    monkeypatch.setattr(repl_mod.Repl, "show_stats", lambda self: ctrl_c_once())
+    monkeypatch.setattr(repl_mod, "stats_line", ctrl_c_in_stats)
+    monkeypatch.setattr(repl_mod.Repl, "show_stats", lambda self: ctrl_c_in_stats())
     try:
         r.run()  # returns at the end of input (Ctrl-D)
     except KeyboardInterrupt:
