@@ -384,3 +384,72 @@ def test_stream_error_speaks_each_format():
     assert sse.startswith("data: ") and json.loads(sse[6:])["error"]["message"] == "gone"
     ant = stream_error("/v1/messages", "text/event-stream", "gone").decode()
     assert ant.startswith("event: error\n") and json.loads(ant.split("data: ", 1)[1])["type"] == "error"
+
+
+_STAND_IN_RUNNER = r"""
+import signal, socket, sys, http.server
+port, worker_port, flag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+link = socket.create_connection(("127.0.0.1", worker_port))  # never read: a close by the worker is CLOSE_WAIT
+
+def graceful(*_):
+    open(flag, "w").write("graceful")  # where a real runner would answer its requests "shutting_down"
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, graceful)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_a_lost_worker_kills_the_runner_at_once_and_only_a_stop_is_graceful(tmp_path):
+    """The supervisor's part of the cut above, without llama.cpp: the runner stands in as a process that
+    holds a TCP connection to a "worker" socket and records a SIGTERM. A worker that closes its side is
+    seen (CLOSE_WAIT) and the runner gets SIGKILL, so it cannot answer its in-flight requests "the server is
+    shutting down" (503 ``shutting_down``, relayed by the front as is: seen once in CI instead of
+    ``rpc_worker_lost``); the front's own stop is the one graceful end."""
+    from localrun.server.runner import Supervisor
+
+    script = tmp_path / "runner.py"
+    script.write_text(_STAND_IN_RUNNER)
+    for how in ("worker lost", "stop"):
+        worker = socket.create_server(("127.0.0.1", 0))
+        ep = f"127.0.0.1:{worker.getsockname()[1]}"
+        flag = tmp_path / f"{how}.flag"
+        sup = Supervisor(lambda port: [sys.executable, str(script), str(port), ep.rsplit(":", 1)[1], str(flag)],
+                         [ep])
+        try:
+            sup.spawn()
+            conn, _ = worker.accept()
+            for _ in range(100):
+                sup.step()
+                if sup.state == "up":
+                    break
+                time.sleep(0.1)
+            assert sup.state == "up", sup.reason
+            proc = sup.proc
+            if how == "stop":
+                sup.stop()
+                assert proc.returncode == 0 and flag.read_text() == "graceful"
+                continue
+            conn.close()
+            for _ in range(100):
+                sup.step()
+                if sup.state != "up":
+                    break
+                time.sleep(0.1)
+            assert sup.state == "down" and ep in sup.reason, (sup.state, sup.reason)
+            assert proc.returncode == -signal.SIGKILL and not flag.exists()
+        finally:
+            sup.stop()
+            worker.close()

@@ -111,15 +111,23 @@ class Supervisor:
                 lost.append(ep)
         return lost
 
-    def kill(self) -> None:
+    def kill(self, *, graceful: bool = False) -> None:
+        """End the runner. ``graceful`` (SIGTERM, then SIGKILL after 5 s) only when the front itself stops:
+        the runner then ends its requests with ``shutting_down``. A runner whose worker is gone gets SIGKILL
+        at once: a graceful exit would answer its in-flight requests "the server is shutting down" (a 503 the
+        front relays as is) instead of the front's ``rpc_worker_lost``, and it has nothing left to save (any
+        llama.cpp call would abort on the lost worker)."""
         p, self.proc = self.proc, None
         if p is not None and p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            if graceful:
+                p.terminate()
+                try:
+                    p.wait(5)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+            p.kill()
+            p.wait()
 
     def mark_down(self, reason: str) -> None:
         if self.state != "down":
@@ -150,8 +158,8 @@ class Supervisor:
         if self.state == "up":
             lost = self.lost_workers()
             if lost:
-                self.kill()
                 self.mark_down(f"RPC worker {', '.join(lost)} closed its connection")
+                self.kill()
             return
         # down: start again once every worker answers
         missing = [ep for ep in self.workers if not reachable(ep)]
@@ -166,7 +174,7 @@ class Supervisor:
 
     def stop(self) -> None:
         self.state = "stopped"
-        self.kill()
+        self.kill(graceful=True)
 
 
 def _error_for(path: str, status: int, message: str) -> tuple[int, dict]:
