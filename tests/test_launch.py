@@ -79,9 +79,10 @@ def test_launch_claude_starts_a_server_runs_claude_code_and_stops_the_server(smo
     work = tmp_path / "work"
     work.mkdir()
     env = {"PATH": f"{claude_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "DISABLE_AUTOUPDATER": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "32"}
     r = subprocess.run([sys.executable, "-m", "localrun", "launch", "claude", "--model", str(smollm_path), "--port",
-                        str(port), "--ctx", "2048", "--", "-p", "Say OK.", "--tools", "", "--max-turns", "1"],
+                        str(port), "--ctx", "2048", "--", "-p", "Say OK.", "--tools", "", "--max-turns", "1",
+                        "--system-prompt", "Answer in one word."],
                        cwd=work, capture_output=True, text=True, env={**os.environ, **env}, timeout=1200,
                        stdin=subprocess.DEVNULL)
     log = (isolated_home / "logs" / "launch-serve.log").read_text()

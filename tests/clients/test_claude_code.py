@@ -5,7 +5,8 @@ Claude Code speaks Anthropic's Messages API as of 2026: system turns inside ``me
 ``?beta=true`` and ``anthropic-beta`` headers, ``max_tokens`` far past the context, and with its tools a
 prompt of about 12k tokens. It runs here with a scratch HOME (it reads no one's configuration).
 
-1. SmolLM2 at 8k, no tools (``--tools ""``: a 1.6k-token prompt): ``claude -p`` streams the answer,
+1. SmolLM2 at 8k, no tools and a one-line system prompt (``--tools "" --system-prompt …``: a 360-token
+   prompt; Claude Code's default system prompt is sent by test 2): ``claude -p`` streams the answer,
    prints it and exits 0. Claude Code asks for ``max_tokens`` 128000 at temperature 1 and a 135M model
    rambles on its system prompt until the context is full, so the proxy makes the turn greedy and ends it
    at the first newline (a stop sequence): the protocol is what is tested.
@@ -75,7 +76,7 @@ def test_claude_print_streams_and_exits_0(claude, smollm_path, tmp_path):
     proxy = RewritingProxy(srv.url, one_line)
     try:
         r = run_claude(claude, proxy.url, tmp_path, "What is the capital of France? Answer in one word.",
-                       "--tools", "", "--max-turns", "1")
+                       "--tools", "", "--max-turns", "1", "--system-prompt", "Answer in one word.")
         log = srv.log_text()
     finally:
         proxy.close()

@@ -55,11 +55,19 @@ def server(smollm_path, tmp_path_factory):
     assert (home / "stored" / "r.db").is_file()  # a stored response went to --responses-db
 
 
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    """One scratch folder for the module's Codex runs (their HOME and working directory): Codex writes both
+    paths into its prompt after its tools and instructions (the skills' root, the cwd), so the same folders
+    let the second run reuse the first one's prompt from the KV cache up to the question."""
+    return tmp_path_factory.mktemp("codex")
+
+
 def codex_home(tmp_path: Path, base_url: str) -> Path:
     """A scratch HOME with ``.codex/config.toml`` naming localrun as the provider (docs/serve.md).
     The short instructions file and the features turned off keep the prompt small for a CPU test."""
     home = tmp_path / "home"
-    (home / ".codex").mkdir(parents=True)
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
     (home / "instructions.md").write_text("You are a terse assistant.\n")
     (home / ".codex" / "config.toml").write_text(f'''model = "{MODEL}"
 model_provider = "localrun"
@@ -90,18 +98,35 @@ def run_codex(codex: Path, home: Path, workdir: Path, prompt: str) -> subprocess
                           timeout=900)
 
 
-def test_codex_exec_prints_the_streamed_answer(codex, server, tmp_path):
+def narrow_exec_command(path: str, body: dict) -> dict:
+    """``exec_command``'s ``cmd`` fixed to ``pwd`` (nothing else changed): test 2's proxy narrows it the same
+    way, so the module's two Codex runs share their prompt up to the working directory and the second one
+    reuses the first one's KV cache instead of prefilling Codex's tools again."""
+    body = dict(body)
+    for t in body.get("tools", []):
+        if t.get("name") == "exec_command":
+            t["parameters"] = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["pwd"]}},
+                               "required": ["cmd"], "additionalProperties": False}
+    return body
+
+
+def test_codex_exec_prints_the_streamed_answer(codex, server, scratch):
     url = server.url
-    r = run_codex(codex, codex_home(tmp_path, url), tmp_path / "work", "What is the capital of Japan?")
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], server.log_text()[-2000:])
-    assert r.stdout.strip(), r.stderr[-3000:]  # the answer, printed
-    assert "POST /v1/responses 200" in server.log_text()
-    # Codex sends store: false; a plain request stores its response in the --responses-db file
+    # Codex sends store: false; a plain request stores its response in the --responses-db file (asked first:
+    # the one slot then holds Codex's prompt, which test 2 reuses)
     h = {"Authorization": f"Bearer {API_KEY}"}
     made = httpx.post(url + "/v1/responses", headers=h, timeout=300,
                       json={"model": MODEL, "input": "Hi", "max_output_tokens": 2})
     assert made.status_code == 200, made.text
     assert httpx.get(url + f"/v1/responses/{made.json()['id']}", headers=h).json()["id"] == made.json()["id"]
+    proxy = RewritingProxy(url, narrow_exec_command)
+    try:
+        r = run_codex(codex, codex_home(scratch, proxy.url), scratch / "work", "What is the capital of Japan?")
+    finally:
+        proxy.close()
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], server.log_text()[-2000:])
+    assert r.stdout.strip(), r.stderr[-3000:]  # the answer, printed
+    assert "POST /v1/responses 200" in server.log_text()
 
 
 def force_exec_command(path: str, body: dict) -> dict:
@@ -109,21 +134,17 @@ def force_exec_command(path: str, body: dict) -> dict:
     greedy (and end by themselves: the server runs with ``--stop-loops``). Every turn alike has
     ``exec_command``'s ``cmd`` fixed to ``pwd``: the tools' text is part of the prompt prefix the turn after
     the call reuses from the KV cache."""
-    body = dict(body, temperature=0)
-    for t in body.get("tools", []):
-        if t.get("name") == "exec_command":
-            t["parameters"] = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["pwd"]}},
-                               "required": ["cmd"], "additionalProperties": False}
+    body = dict(narrow_exec_command(path, body), temperature=0)
     if not any(i.get("type") == "function_call_output" for i in body.get("input", [])):
         body["max_output_tokens"] = 48
         body["tool_choice"] = {"type": "function", "name": "exec_command"}
     return body
 
 
-def test_a_forced_tool_call_reaches_codex_and_its_output_comes_back(codex, server, tmp_path):
+def test_a_forced_tool_call_reaches_codex_and_its_output_comes_back(codex, server, scratch):
     proxy = RewritingProxy(server.url, force_exec_command)
     try:
-        r = run_codex(codex, codex_home(tmp_path, proxy.url), tmp_path / "work", "Which folder am I in?")
+        r = run_codex(codex, codex_home(scratch, proxy.url), scratch / "work", "Which folder am I in?")
     finally:
         proxy.close()
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:], server.log_text()[-2000:])
