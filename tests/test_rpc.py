@@ -12,7 +12,9 @@
   the real allocation; that device's figure may be over by up to 5%, never under. Gemma-3 matches exactly;
 - `serve --rpc`: killing a worker mid-stream ends that stream with an error event within 10 s (the read
   timeout), /health says unhealthy, the server process lives, and it serves again once the worker is back;
-  a non-streaming request cut the same way gets a 503.
+  a non-streaming request cut the same way gets a 503 (``rpc_worker_lost``);
+- the supervisor alone (a stand-in runner process, no llama.cpp): a worker that closes its connection gets
+  the runner SIGKILLed at once; only the front's own stop ends it gracefully.
 
 Everything that runs RPC needs a llama-cpp-python built with -DGGML_RPC=on and skips without it. Both
 paths run llama.cpp's CPU kernels on plain weights (two sequences: localrun then turns off the repacked
