@@ -3,9 +3,10 @@
 Speculative decoding is not exact yet (a verify step's batch shape can move llama.cpp's logits: on Gemma-3,
 two sequences x 4+ drafted tokens move the 4th position's logits by ~0.5 nats), so ``--spec`` is ``off`` by
 default. These tests hold the default to its promise: a default ``localrun serve`` (``--parallel 4``) gives
-one text, token for token, for 8 identical greedy requests sent one after another and all at once, and for 8
-identical seeded requests; ``localrun chat -p`` likewise across runs. Speculation's own tests set the mode
-explicitly (tests/test_spec*.py).
+one text, token for token, for identical greedy requests sent one after another (3) and all at once (8), and
+likewise for identical seeded requests; ``localrun chat -p`` likewise across runs. Each text is long enough
+to reach the token where the reported ones parted (SmolLM2 through its chat template: a raw completion of
+this prompt is one end-of-turn token). Speculation's own tests set the mode explicitly (tests/test_spec*.py).
 """
 
 from __future__ import annotations
@@ -22,29 +23,42 @@ sys.path.insert(0, str(Path(__file__).parent / "clients"))
 from harness import Serve  # noqa: E402
 
 N = 8  # concurrent: each batch composition, from 1 to 4 running, meets the same request
-N_SEQUENTIAL = 4  # sequential: the first runs cold, the others from the cached prompt, which repeats exactly
+N_SEQUENTIAL = 3  # sequential: the first runs cold, the others from the cached prompt, which repeats exactly
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-MAX_TOKENS = {"smollm": 160, "gemma": 48}  # reported: SmolLM2's texts parted after ~125 tokens, Gemma-3's at 18
+MAX_TOKENS = {"smollm": 160, "gemma": 32}  # reported: SmolLM2's texts parted after ~125 tokens, Gemma-3's at 18
+# SmolLM2 is an instruct model: asked through its chat template (a raw completion of this prompt is its end of
+# turn at once, one token: nothing to compare). Gemma-3-270M is a base model without one: a plain completion.
+CHAT = {"smollm": True, "gemma": False}
 
 
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
 def server(request, tmp_path_factory):
     path = request.getfixturevalue("smollm_path" if request.param == "smollm" else "gemma_path")
     srv = Serve(path, tmp_path_factory.mktemp(f"repeat-{request.param}"), "--parallel", "4")
-    srv.max_tokens = MAX_TOKENS[request.param]
+    srv.max_tokens, srv.chat = MAX_TOKENS[request.param], CHAT[request.param]
     try:
         yield srv
     finally:
         srv.close()
 
 
-def _ask(srv: Serve, **sampling) -> tuple[str, list[int] | None, dict]:
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": srv.max_tokens, "logprobs": 0, **sampling}
-    r = httpx.post(srv.url + "/v1/completions", json=body, timeout=600)
+def _ask(srv: Serve, **sampling) -> tuple[str, list | None, dict]:
+    """(text, the tokens as the server reports them, usage) of one request."""
+    body = {"model": "m", "max_tokens": srv.max_tokens, **sampling}
+    if srv.chat:
+        body.update(messages=[{"role": "user", "content": PROMPT}], logprobs=True)
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=600)
+    else:
+        body.update(prompt=PROMPT, logprobs=0)
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=600)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
-    tokens = (choice.get("logprobs") or {}).get("tokens")
-    return choice["text"], tokens, r.json()["usage"]
+    if srv.chat:
+        text = choice["message"]["content"]
+        tokens = [tuple(t["bytes"]) for t in (choice.get("logprobs") or {}).get("content") or []] or None
+    else:
+        text, tokens = choice["text"], (choice.get("logprobs") or {}).get("tokens")
+    return text, tokens, r.json()["usage"]
 
 
 def _all(srv: Serve, concurrent: bool, **sampling):
@@ -62,7 +76,9 @@ def test_identical_requests_give_one_text(server, concurrent, sampling):
     texts = {a[0] for a in answers}
     assert len(texts) == 1, f"{len(texts)} different texts for one request sent {len(answers)} times: {sorted(texts)!r}"
     assert len({tuple(a[1] or ()) for a in answers}) == 1  # token for token
-    assert answers[0][2]["completion_tokens"] > 0
+    # long enough to reach where the reported texts parted (SmolLM2 ~125 tokens, Gemma-3 18)
+    assert answers[0][2]["completion_tokens"] >= min(server.max_tokens, 100), answers[0][2]
+    assert answers[0][1] and len(answers[0][1]) == answers[0][2]["completion_tokens"]
     assert all("speculative" not in a[2] for a in answers)  # the default does not speculate
 
 
