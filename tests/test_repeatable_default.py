@@ -44,7 +44,7 @@ def server(request, tmp_path_factory):
 
 def _ask(srv: Serve, **sampling) -> tuple[str, list | None, dict]:
     """(text, the tokens as the server reports them, usage) of one request."""
-    body = {"model": "m", "max_tokens": srv.max_tokens, **sampling}
+    body = {"model": "m", "max_tokens": srv.max_tokens, "ignore_eos": True, **sampling}  # every text as long
     if srv.chat:
         body.update(messages=[{"role": "user", "content": PROMPT}], logprobs=True)
         r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=600)
@@ -76,8 +76,9 @@ def test_identical_requests_give_one_text(server, concurrent, sampling):
     texts = {a[0] for a in answers}
     assert len(texts) == 1, f"{len(texts)} different texts for one request sent {len(answers)} times: {sorted(texts)!r}"
     assert len({tuple(a[1] or ()) for a in answers}) == 1  # token for token
-    # long enough to reach where the reported texts parted (SmolLM2 ~125 tokens, Gemma-3 18)
-    assert answers[0][2]["completion_tokens"] >= min(server.max_tokens, 100), answers[0][2]
+    # long enough to reach where the reported texts parted (SmolLM2 ~125 tokens, Gemma-3 18) on any CPU: an
+    # end of turn that comes earlier where the kernels round differently does not end the comparison
+    assert answers[0][2]["completion_tokens"] == server.max_tokens, answers[0][2]
     assert answers[0][1] and len(answers[0][1]) == answers[0][2]["completion_tokens"]
     assert all("speculative" not in a[2] for a in answers)  # the default does not speculate
 
