@@ -265,11 +265,8 @@ def test_thinking_history_is_accepted(qclient):
 def test_full_queue_is_529_overloaded(qwq, qclient):
     """One sequence, one waiting place: a third request is refused with Anthropic's 529 overloaded_error (which
     the SDK retries after Retry-After), and the server goes on serving."""
-    # the one sequence is held by a stream that cannot end by itself (ignore_eos, no length limit short of the
-    # context) until the test closes it: a story with the default sampling ended early now and then (an end
-    # of turn after a few tokens), which freed the sequence before the second request could queue
-    body = {"model": "x", "max_tokens": 100_000, "stream": True, "messages": STORY, "ignore_eos": True}
-    with httpx.stream("POST", qwq.url + "/v1/chat/completions", json=body, timeout=300) as r:
+    body = {"max_tokens": 200, "stream": True, "messages": STORY, "thinking": {"type": "disabled"}}
+    with httpx.stream("POST", qwq.url + "/v1/messages", json=body, timeout=300) as r:
         next(r.iter_lines())  # the one sequence is taken
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(qclient.messages.create, model="x", max_tokens=2, messages=ASK)
