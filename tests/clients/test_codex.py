@@ -4,7 +4,9 @@ Codex speaks only OpenAI's Responses API (``wire_api = "responses"``) and stream
 ``codex exec`` with a scratch ``HOME``/``CODEX_HOME`` whose config.toml names localrun as its model provider
 (the configuration docs/serve.md gives), on SmolLM2 served with Qwen3's chat template (it renders tools).
 
-1. A question: the request is accepted, the streamed answer is printed, ``codex exec`` exits 0.
+1. A question: the request is accepted, the streamed answer is printed, ``codex exec`` exits 0. It goes through
+   the same proxy as test 2 with only ``exec_command``'s ``cmd`` narrowed (no sampling or tool choice
+   changed), and both runs share HOME and cwd, so test 2 reuses this prompt from the KV cache.
 2. A tool round trip. Codex always sends ``tool_choice: "auto"`` and no temperature, and a 135M model will
    not call a tool by itself; so a small forwarding proxy between Codex and the server forces the call
    (``tool_choice`` naming ``exec_command``, its ``cmd`` narrowed to ``pwd``, greedy): the constrained
