@@ -29,6 +29,18 @@ for _shared in (".cache", ".npm"):
 os.environ["HOME"] = str(_SCRATCH_HOME)
 os.environ["LOCALRUN_HOME"] = str(_SESSION_DIR / "localrun_home")
 
+# ---- bytecode caches -------------------------------------------------------------------------------------
+# Python's default is to cache compiled modules (__pycache__, git-ignored). An environment that turns it off
+# (PYTHONDONTWRITEBYTECODE, set on some CI and sandbox images) makes every process of the session compile
+# what it imports from source again: each xdist worker re-runs pytest's assertion rewrite of every test file
+# (pytest caches the rewrite only when bytecode is written), and each of the suite's `localrun` subprocesses
+# recompiles the package (editable install: nothing of it was compiled at install). The session restores
+# the default for itself and for what it starts.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    import sys
+
+    sys.dont_write_bytecode = False
+
 # ---- parallel workers (pytest-xdist, ``-n`` in pyproject's addopts) ---------------------------------------
 # Each worker is a process of its own with the session set-up above. Their llama.cpp threads together stay
 # within the physical cores (LOCALRUN_THREADS, which the engines and every `localrun` subprocess read): ggml's

@@ -265,7 +265,10 @@ def test_thinking_history_is_accepted(qclient):
 def test_full_queue_is_529_overloaded(qwq, qclient):
     """One sequence, one waiting place: a third request is refused with Anthropic's 529 overloaded_error (which
     the SDK retries after Retry-After), and the server goes on serving."""
-    body = {"max_tokens": 200, "stream": True, "messages": STORY, "thinking": {"type": "disabled"}}
+    # greedy: SmolLM2's greedy story runs to max_tokens (it ends in a loop of sentences), so the one sequence
+    # stays taken while the queue fills; at the default temperature (1.0) a story now and then ended after a
+    # few tokens and freed the sequence before the second request could queue (seen in a CI run)
+    body = {"max_tokens": 200, "stream": True, "messages": STORY, "thinking": {"type": "disabled"}, **GREEDY}
     with httpx.stream("POST", qwq.url + "/v1/messages", json=body, timeout=300) as r:
         next(r.iter_lines())  # the one sequence is taken
         with ThreadPoolExecutor(1) as pool:
