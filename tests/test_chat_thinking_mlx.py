@@ -24,12 +24,13 @@ def mlx_qwq(smollm_path, tmp_path_factory):
 
 
 def test_budget_and_ending_the_thinking_on_mlx(mlx_qwq):
-    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=32), reasoning_budget=6)
+    # 16 tokens a turn: the thinking (6, or 4 when ended), the forced close (5) and the start of the answer
+    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=16), reasoning_budget=6)
     thinking, answer, _ = _turn(s, STORY)
     assert thinking.strip() and answer.strip() and not any(t in answer for t in TAGS)
     assert 6 <= s.thought.tokens <= 6 + _n_close(mlx_qwq)
 
-    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=32))
+    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=16))
     seen = {}
 
     def after(piece, pieces):

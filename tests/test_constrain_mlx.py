@@ -72,7 +72,7 @@ def test_mlx_and_llamacpp_agree_at_temperature_0(mlx_smollm, smollm_engine, sche
 def test_mlx_output_validates_over_seeds_and_regex_holds(mlx_smollm):
     import re
 
-    for seed in range(3):
+    for seed in range(2):  # the schema's validity over many seeds is test_constrain_engine's (llama.cpp, same mask)
         p = SamplingParams(temperature=1.0, seed=seed, max_tokens=60, constraint=Constraint("json_schema", NESTED))
         text, finish = _chat(mlx_smollm, p)
         assert finish == "stop", text
@@ -85,13 +85,13 @@ def test_mlx_output_validates_over_seeds_and_regex_holds(mlx_smollm):
 def test_mlx_dry_steers_within_json_mode(mlx_smollm):
     """DRY on MLX (``backends.dry``) runs before the constraint's mask, so it steers among the tokens the
     grammar allows: the JSON-mode answer that repeats one word without DRY repeats less with it, and both
-    stay inside the grammar (24 tokens each)."""
+    stay inside the grammar (16 tokens each: the loop is under way by then)."""
     from test_constrained_loops import JSON_MODE, LOOPS, _loop_count, _prefix_of
 
     ask = [Message("user", LOOPS[0]["content"])]
     out = {}
     for dry in (0.0, 0.8):
-        chunks = list(mlx_smollm.chat(ask, SamplingParams(temperature=0, max_tokens=24, dry_multiplier=dry,
+        chunks = list(mlx_smollm.chat(ask, SamplingParams(temperature=0, max_tokens=16, dry_multiplier=dry,
                                                           constraint=JSON_MODE)))
         text, finish = "".join(c.text for c in chunks), chunks[-1].finish_reason
         if finish == "stop":

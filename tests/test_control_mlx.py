@@ -31,10 +31,12 @@ def mlx_engine(smollm_path, tmp_path_factory):
 
 
 def test_budget_closes_thinking_on_mlx(mlx_engine):
-    chunks = list(mlx_engine.generate(THINK_PROMPT, budget_params()))
-    check_budgeted(mlx_engine, chunks)
     n_close = len(mlx_engine.tokenize(CLOSE, add_special=False, parse_special=True))
-    free = list(mlx_engine.generate(THINK_PROMPT, budget_params(reasoning_budget=None)))
+    # the budget, the forced close and a few tokens of answer (check_budgeted wants one after the close)
+    chunks = list(mlx_engine.generate(THINK_PROMPT, budget_params(max_tokens=BUDGET + n_close + 4)))
+    check_budgeted(mlx_engine, chunks)
+    # without the budget, no close within as many tokens as the budgeted run closed in
+    free = list(mlx_engine.generate(THINK_PROMPT, budget_params(reasoning_budget=None, max_tokens=BUDGET + n_close)))
     assert "</think>" not in "".join(c.text for c in free[:BUDGET + n_close])  # the budget closed it
 
 

@@ -113,30 +113,44 @@ def test_gemma_kquant_loads_through_dequantize_path(gemma_path, mlx_home):
     try:
         assert "re-quantized" in eng.conversion_note and "Q4_K" in eng.conversion_note
         assert not eng.has_chat_template
-        chunks = list(eng.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8)))
+        # 3 tokens: a generation that runs and stops at max_tokens is what this checks (each Gemma token
+        # costs its 262k-row output layer in float32)
+        chunks = list(eng.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=3)))
         text = _text(chunks)
-        assert len(text.strip()) > 0 and chunks[-1].stats.completion_tokens == 8
+        assert len(text.strip()) > 0 and chunks[-1].stats.completion_tokens == 3
         assert chunks[-1].finish_reason == "length"
     finally:
         eng.close()
 
 
-def test_mlx_folder_from_gguf_reloads_with_same_greedy_tokens(smollm_path, mlx_home, tmp_path):
+@pytest.fixture(scope="module")
+def smollm_folder(smollm_path, mlx_home, tmp_path_factory):
+    """SmolLM2's GGUF written once as an MLX folder (``write_mlx_folder``): (its parent, the folder)."""
+    from localrun.backends.mlx.gguf import write_mlx_folder
+
+    parent = tmp_path_factory.mktemp("mlx_folder")
+    return parent, write_mlx_folder(str(smollm_path), parent / "smollm-mlx")
+
+
+def test_mlx_folder_from_gguf_reloads_with_same_greedy_tokens(smollm_path, smollm_folder):
     import mlx.core as mx
     import mlx_lm
+    from mlx_lm.models.cache import make_prompt_cache
 
-    from localrun.backends.mlx.gguf import load_gguf, write_mlx_folder
+    from localrun.backends.mlx.gguf import load_gguf
 
-    out = write_mlx_folder(str(smollm_path), tmp_path / "smollm-mlx")
+    parent, out = smollm_folder
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     assert (out / "tokenizer.json").is_file()
-    assert not list(tmp_path.glob(".partial-*"))  # written atomically
+    assert not list(parent.glob(".partial-*"))  # written atomically
 
-    def greedy(model, ids, n=6):  # no KV cache: each step runs the whole sequence again
-        out_ids = []
+    def greedy(model, ids, n=6):  # mlx-lm's own KV cache: the prompt once, then one token a step
+        cache = make_prompt_cache(model)
+        out_ids, feed = [], ids
         for _ in range(n):
-            nxt = int(mx.argmax(model(mx.array([ids + out_ids]))[0, -1]))
+            nxt = int(mx.argmax(model(mx.array([feed]), cache=cache)[0, -1]))
             out_ids.append(nxt)
+            feed = [nxt]
         return out_ids
 
     direct, conv = load_gguf(str(smollm_path))
@@ -146,13 +160,12 @@ def test_mlx_folder_from_gguf_reloads_with_same_greedy_tokens(smollm_path, mlx_h
     assert greedy(reloaded, ids) == greedy(direct, ids)
 
 
-def test_engine_loads_mlx_folder(smollm_path, mlx_home, tmp_path):
+def test_engine_loads_mlx_folder(smollm_path, smollm_folder):
     from localrun.backends import load_engine
     from localrun.backends.choice import choose_backend
-    from localrun.backends.mlx.gguf import write_mlx_folder
     from localrun.store.resolve import is_mlx_folder
 
-    out = write_mlx_folder(str(smollm_path), tmp_path / "m")
+    out = smollm_folder[1]
     assert is_mlx_folder(out)
     assert choose_backend(out, None, None, None)[0] == "mlx"
     eng = load_engine(out, _mlx_plan(smollm_path))
@@ -167,17 +180,18 @@ def test_engine_loads_mlx_folder(smollm_path, mlx_home, tmp_path):
 def test_prompt_cache_is_reused_across_turns_and_gives_the_same_answer(mlx_smollm):
     first = _text(mlx_smollm.chat([SYSTEM, JAPAN], GREEDY))
     turn2 = [SYSTEM, JAPAN, Message("assistant", first), Message("user", "What is the population of that city?")]
-    chunks = list(mlx_smollm.chat(turn2, GREEDY))
+    short = SamplingParams(temperature=0, max_tokens=8)  # a wrongly reused cache parts from cold at once
+    chunks = list(mlx_smollm.chat(turn2, short))
     st = chunks[-1].stats
     assert st.cached_tokens > 20  # the first turn was not prefilled again
     mlx_smollm.reset_cache()
-    fresh = list(mlx_smollm.chat(turn2, GREEDY))
+    fresh = list(mlx_smollm.chat(turn2, short))
     assert fresh[-1].stats.cached_tokens == 0
     assert _text(fresh) == _text(chunks)
 
 
 def test_seeded_sampling_is_reproducible(mlx_smollm):
-    p = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=1234, max_tokens=16)
+    p = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=1234, max_tokens=8)
     a = _text(mlx_smollm.generate("Once upon a time", p))
     b = _text(mlx_smollm.generate("Once upon a time", p))
     assert a == b and a

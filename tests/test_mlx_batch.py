@@ -1,7 +1,7 @@
 """Continuous batching on MLX (``backends/mlx/batch.py``, docs/architecture.md §1 "MLX batching") on the real
 SmolLM2 GGUF through mlx[cpu]: several requests decode in one forward pass, and each one's tokens are the ones
 it gets alone (``MlxEngine.generate``) — greedy, seeded, with a constraint, a thinking budget, a stop string,
-penalties and logprobs per row. One engine for the module; prompts are short and outputs ≤ 12 tokens (MLX on
+penalties and logprobs per row. One engine for the module; prompts are short and outputs ≤ 6 tokens (MLX on
 this CPU is slow)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytest.importorskip("mlx_lm")
 from localrun.backends import as_batch_engine  # noqa: E402
 from localrun.backends.base import Constraint, SamplingParams  # noqa: E402
 
-N = 8  # tokens per request
+N = 6  # tokens per request: the thinking one's budget (1) and its forced close (5 tokens) fit
 
 THINK = "<|im_start|>user\nWhat is 17 times 23?<|im_end|>\n<|im_start|>assistant\n<think>\n"
 
@@ -37,7 +37,7 @@ def requests(eng) -> list[tuple[list[int], SamplingParams]]:
         (tok("1, 2, 3,"), greedy()),
         (tok("Once upon a time there was a little dog who lived in a house by the sea. One day"), greedy()),
         (tok("Is the sky blue? Answer:"), greedy(constraint=Constraint("regex", "(yes|no), [a-z ]+"))),
-        (tok(THINK, parse_special=True), greedy(reasoning_budget=3, budget_close="\n</think>\n\n",
+        (tok(THINK, parse_special=True), greedy(reasoning_budget=1, budget_close="\n</think>\n\n",
                                                 think_open="<think>", think_close="</think>",
                                                 starts_in_thinking=True)),
         (tok("Hello"), SamplingParams(temperature=0.9, seed=1234, max_tokens=N)),

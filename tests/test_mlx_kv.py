@@ -14,7 +14,8 @@ pytest.importorskip("mlx_lm")
 
 from localrun.backends.base import Message, SamplingParams  # noqa: E402
 
-GREEDY = SamplingParams(temperature=0, max_tokens=10)  # a restored cache that is wrong diverges at once
+GREEDY = SamplingParams(temperature=0, max_tokens=6)  # a restored cache that is wrong diverges at once
+FILL = SamplingParams(temperature=0, max_tokens=1)  # a run that only fills the engine's cache (its output unused)
 STORY = ("The river flows through the old town, past the market square where farmers sell apples, bread and "
          "cheese every Saturday morning. Children run between the stalls while their parents talk about the "
          "weather, the harvest and the price of milk. In the afternoon the square is quiet again.")
@@ -34,8 +35,8 @@ def _chat(eng, *turns: str) -> list[int]:
     return eng.tokenize_chat(msgs)[1]
 
 
-def _gen(eng, prompt):
-    chunks = list(eng.generate(prompt, GREEDY))
+def _gen(eng, prompt, params=GREEDY):
+    chunks = list(eng.generate(prompt, params))
     return [c.token_id for c in chunks], chunks[-1].stats
 
 
@@ -61,8 +62,8 @@ def test_ram_tier_restores_a_prefix_with_cold_output(eng):
     cache = attach_mlx_kv_cache(eng, ram_bytes=1 << 30)
     try:
         eng.reset_cache()
-        _gen(eng, first)
-        _gen(eng, other)  # cuts the first conversation off the engine's cache: it is saved first
+        _gen(eng, first, FILL)
+        _gen(eng, other, FILL)  # cuts the first conversation off the engine's cache: it is saved first
         assert cache.stats.saves >= 1 and cache.ram_used_bytes > 0
         ids, st = _gen(eng, follow)  # restores the first conversation, prefills only the rest
         assert cache.stats.hits_ram == 1
@@ -72,7 +73,30 @@ def test_ram_tier_restores_a_prefix_with_cold_output(eng):
         eng.kv_cache = None
 
 
-def test_disk_tier_survives_a_new_engine(eng, smollm_path, tmp_path, tmp_path_factory):
+@pytest.fixture(scope="module")
+def persisted(eng, tmp_path_factory):
+    """The disk tier after the first conversation ran and the tiers were persisted (what close() does),
+    written once for the module: (the tiers' disk folder, the cache's disk_used_bytes then). Tests copy it."""
+    from localrun.backends.mlx.cache import attach_mlx_kv_cache
+
+    folder = tmp_path_factory.mktemp("mlx_kv_disk")
+    cache = attach_mlx_kv_cache(eng, ram_bytes=1 << 30, disk_dir=folder, disk_bytes=1 << 30)
+    try:
+        eng.reset_cache()
+        _gen(eng, _chat(eng, "What do farmers sell?"), FILL)
+        cache.persist(eng)
+    finally:
+        eng.kv_cache = None
+    return folder, cache.disk_used_bytes
+
+
+def _copy_disk_tier(persisted, to) -> None:
+    import shutil
+
+    shutil.copytree(persisted[0], to, dirs_exist_ok=True)
+
+
+def test_disk_tier_survives_a_new_engine(eng, persisted, smollm_path, tmp_path, tmp_path_factory):
     from helpers import mlx_smollm_engine
 
     from localrun.backends.mlx.cache import attach_mlx_kv_cache
@@ -80,15 +104,11 @@ def test_disk_tier_survives_a_new_engine(eng, smollm_path, tmp_path, tmp_path_fa
     prompt = _chat(eng, "What do farmers sell?")
     follow = _chat(eng, "What do farmers sell?", "Apples.", "Anything else?")
     cold = _cold(eng, follow)
-    cache = attach_mlx_kv_cache(eng, ram_bytes=1 << 30, disk_dir=tmp_path, disk_bytes=1 << 30)
-    eng.reset_cache()
-    _gen(eng, prompt)
-    cache.persist(eng)  # what close() does
-    eng.kv_cache = None
+    _copy_disk_tier(persisted, tmp_path)
     files = list(tmp_path.rglob("*.kvs"))
     assert len(files) == 1
     size = files[0].stat().st_size
-    assert cache.disk_used_bytes == size <= 1 << 30
+    assert persisted[1] == size <= 1 << 30
 
     gen = mlx_smollm_engine(smollm_path, tmp_path_factory)
     fresh = next(gen)
@@ -104,17 +124,11 @@ def test_disk_tier_survives_a_new_engine(eng, smollm_path, tmp_path, tmp_path_fa
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
-def test_bad_disk_file_is_ignored_and_deleted(eng, tmp_path, damage):
-    from localrun.backends.mlx.cache import attach_mlx_kv_cache
+def test_bad_disk_file_is_ignored_and_deleted(eng, persisted, tmp_path, damage):
+    from localrun.backends.mlx.cache import attach_mlx_kv_cache, mlx_settings
 
-    prompt = _chat(eng, "What do farmers sell?")
     follow = _chat(eng, "What do farmers sell?", "Apples.", "Anything else?")
-    cold = _cold(eng, follow)
-    cache = attach_mlx_kv_cache(eng, ram_bytes=1 << 30, disk_dir=tmp_path, disk_bytes=1 << 30)
-    eng.reset_cache()
-    _gen(eng, prompt)
-    cache.persist(eng)
-    eng.kv_cache = None
+    _copy_disk_tier(persisted, tmp_path)  # the first conversation's file, as test_disk_tier_survives_... reads it
     [path] = list(tmp_path.rglob("*.kvs"))
     raw = bytearray(path.read_bytes())
     if damage == "flip":
@@ -131,10 +145,11 @@ def test_bad_disk_file_is_ignored_and_deleted(eng, tmp_path, damage):
         if damage == "foreign":
             from localrun.backends.mlx.cache import MlxKVCache
 
-            c2 = MlxKVCache("0123456789abcdef", cache.settings, ram_bytes=1 << 30, disk_dir=path.parent,
+            c2 = MlxKVCache("0123456789abcdef", mlx_settings(eng), ram_bytes=1 << 30, disk_dir=path.parent,
                             disk_bytes=1 << 30)
             assert c2.stats.corrupt_files == 1 and not path.exists() and not c2.snapshots
             return
+        cold = _cold(eng, follow)
         c2 = attach_mlx_kv_cache(eng, ram_bytes=1 << 30, disk_dir=tmp_path, disk_bytes=1 << 30)
         eng.reset_cache()
         ids, st = _gen(eng, follow)
@@ -153,7 +168,7 @@ def test_chat_file_round_trip_and_foreign_file(eng, tmp_path):
 
     convo = _chat(eng, "What do farmers sell?")
     eng.reset_cache()
-    ids, _ = _gen(eng, convo)
+    _gen(eng, convo, FILL)
     path = tmp_path / "chat.json.kv"
     assert save_mlx_file(eng, path) > 0
     held = eng.cached_tokens
@@ -184,7 +199,7 @@ def test_chat_session_save_load_resumes_without_prefill(eng, tmp_path):
     next turn evaluates only itself (what /save, /load and --resume do)."""
     from localrun.chat.session import ChatSession
 
-    params = SamplingParams(temperature=0, max_tokens=12)
+    params = SamplingParams(temperature=0, max_tokens=4)  # the turns' prefill is what this checks
     eng.reset_cache()
     first = ChatSession(eng, params, system="You are a helpful assistant. " + STORY)
     list(first.send("What do farmers sell?"))
