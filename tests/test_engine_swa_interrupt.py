@@ -65,21 +65,22 @@ def test_gemma_second_chat_turn_reuses_the_cached_prefix(gemma_path):
 
 def test_gemma_cut_back_beyond_the_window_prefills_again(gemma_path):
     """Rolling back to a point whose window the SWA cache already overwrote is refused (full prefill),
-    and the answer still equals a cold run's; a cut inside the window is reused."""
-    eng = _gemma(gemma_path, 4096)
+    and the answer still equals a cold run's; a cut inside the window is reused. Ubatches of 128 keep the
+    SWA cache at n_swa + 128 cells rounded up (768, measured), so an 881-token prompt already evicts."""
+    eng = _gemma(gemma_path, 4096, n_batch=128, n_ubatch=128)
     try:
-        text = " ".join(f"Line {i}: the river flows past house number {i}." for i in range(105))
-        toks = eng.tokenize(text)  # ≈ 1,400 tokens: the SWA cache holds only the last ≈ 1,024 positions
-        assert len(toks) > 1300
+        text = " ".join(f"Line {i}: the river flows past house number {i}." for i in range(60))
+        toks = eng.tokenize(text)  # 881 tokens: the SWA cache holds only the last ≈ 768 positions
+        assert len(toks) > 850
         p = SamplingParams(temperature=0, max_tokens=8)
         list(eng.generate(toks, p))
         assert eng.C.llama_memory_seq_pos_min(eng.mem, 0) > 0  # early positions were evicted
         near = toks[:-20] + eng.tokenize(" And then", add_special=False)
         warm, _, st = _answer(eng.generate(near, p))
         assert st.cached_tokens == len(toks) - 20  # 20 tokens back: the window is still there
-        short = toks[:200] + eng.tokenize(" And then", add_special=False)
+        short = toks[:40] + eng.tokenize(" And then", add_special=False)
         short_warm, _, st = _answer(eng.generate(short, p))
-        assert st.cached_tokens == 0  # position 200's window is gone: prefilled from the start
+        assert st.cached_tokens == 0  # position 40's window is gone: prefilled from the start
         eng.slots[0].tokens.clear()
         eng.C.llama_memory_seq_rm(eng.mem, 0, 0, -1)
         short_cold, _, _ = _answer(eng.generate(short, p))
@@ -95,9 +96,9 @@ def test_interrupting_a_long_prefill_returns_within_a_step(gemma_path):
     """``interrupt()`` (what Ctrl-C does in chat) stops a long prefill mid-chunk: the generation stops
     well before the full prefill time, the slot's tokens are the prefix llama.cpp kept, and the next
     request still answers as a cold run does."""
-    eng = _gemma(gemma_path, 4096)
+    eng = _gemma(gemma_path, 4096, n_batch=256, n_ubatch=256)
     try:
-        toks = eng.tokenize("The river flows through the old town. " * 300)[:1300]  # chunks of 512, 512, 276
+        toks = eng.tokenize("The river flows through the old town. " * 150)[:650]  # chunks of 256, 256, 138
         p = SamplingParams(temperature=0, max_tokens=4)
         t0 = time.perf_counter()
         ref = [c.token_id for c in eng.generate(toks, p)]
@@ -116,7 +117,7 @@ def test_interrupting_a_long_prefill_returns_within_a_step(gemma_path):
         th = threading.Thread(target=run)
         th.start()
         deadline = time.perf_counter() + 10 * full_s + 60
-        while not eng.slots[0].tokens:  # the first 512-token chunk is in the KV: interrupt the second
+        while not eng.slots[0].tokens:  # the first 256-token chunk is in the KV: interrupt the second
             assert time.perf_counter() < deadline and th.is_alive(), "the prefill never got past its first chunk"
             time.sleep(0.005)
         t_int = time.perf_counter()

@@ -115,7 +115,7 @@ def plain_8_streams(target):
     modes of ``test_greedy_identical_8_streams``)."""
     fruits = ["pear", "plum", "fig", "kiwi", "lime", "date", "yuzu", "sloe"]
     prompts = [_prompt(target, EDIT.replace("'pear' to 'plum'", f"'{f}' to 'berry'")) for f in fruits]
-    params = [SamplingParams(temperature=0, max_tokens=40 + 3 * i) for i in range(8)]
+    params = [SamplingParams(temperature=0, max_tokens=28 + 2 * i) for i in range(8)]  # past the edit, ends apart
     _set(target, "off")
     return prompts, params, _run(target, prompts, params)
 
@@ -132,7 +132,7 @@ def test_greedy_identical_8_streams(target, draft_pair, plain_8_streams, mode):
 def test_seeded_sampling_identical_with_prompt_lookup(target):
     """The deterministic rule consumes one sampler draw per emitted token: same seed, same tokens."""
     prompt = _prompt(target, EDIT)
-    p = [SamplingParams(temperature=0.7, top_k=20, seed=s, max_tokens=40) for s in range(3)]
+    p = [SamplingParams(temperature=0.7, top_k=20, seed=s, max_tokens=30) for s in range(3)]
     _set(target, "off")
     plain = _run(target, [prompt] * 3, p)
     _set(target, "ngram", adaptive=False)
@@ -145,9 +145,9 @@ def test_stop_string_and_grammar_same_with_speculation(target, draft_pair):
     stop = SamplingParams(temperature=0, max_tokens=60, stop=["cherry"])
     cons = SamplingParams(temperature=0, max_tokens=60,
                           constraint=Constraint("regex", r"apple, banana(, [a-z]+){2,6}\."))
+    _set(target, "off")
+    plain = _run(target, [prompt, prompt], [stop, cons])  # one plain run for both modes: _run frees its KV
     for mode in ("ngram", "draft"):
-        _set(target, "off")
-        plain = _run(target, [prompt, prompt], [stop, cons])
         _set(target, mode, draft_pair[1], adaptive=False)
         spec = _run(target, [prompt, prompt], [stop, cons])
         for (a_ids, a), (b_ids, b) in zip(plain, spec):
@@ -180,18 +180,23 @@ def test_logprobs_per_token_with_speculation(target):
 CHI2_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
 
 
+N_SEEDS = 130  # runs of the distribution test below
+
+
 def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
     """With a draft model and temperature > 0, the token a verify step emits is distributed as the target's
     own. The first generated token comes from the prefill (plain sampling); the second from the verify step:
     the draft model samples x from its own q (same top-k and temperature), the target keeps it with
-    probability min(1, p/q), else samples from normalise(max(0, p - q)) (Leviathan et al. 2023). Over 300
-    seeds, the second token of the runs whose first token is the likeliest one, against p (the target's
-    top-k distribution after that token, from its logprobs) by chi-square at p = 0.001. With max_tokens=2
+    probability min(1, p/q), else samples from normalise(max(0, p - q)) (Leviathan et al. 2023). Over
+    ``N_SEEDS`` seeds, the second token of the runs whose first token is the likeliest one, against p (the
+    target's top-k distribution after that token, from its logprobs) by chi-square at p = 0.001. The prompt
+    makes that first token ("Once") ≈ 0.95 of the top 4, so nearly every run counts (123 of 130, measured;
+    p after it ≈ 0.71 / 0.14 / 0.09 / 0.07, 12 drafts rejected). With max_tokens=2
     the accepted draft token is the generation's last: it must still count as accepted (the 0-of-143 bug
     of round 2 was that count)."""
     import numpy as np
 
-    prompt = _prompt(target, "Name one colour.")
+    prompt = _prompt(target, "Begin with the word 'Once' and tell a story.")
     top_k = 4
     _set(target, "off")
     first = list(target.generate(prompt, SamplingParams(temperature=0, max_tokens=1)))[0].token_id
@@ -203,7 +208,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
     _set(target, "draft", draft_pair[1], adaptive=False, draft_max=1)
     counts = dict.fromkeys(ids, 0)
     drafted = accepted = used = 0
-    for seed in range(300):
+    for seed in range(N_SEEDS):
         params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, seed=seed, max_tokens=2)
         gen = target.start(prompt, params, target.slots[0])
         toks = []
@@ -216,7 +221,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(target, draft_pair):
         drafted += gen.spec.draft_tokens
         accepted += gen.spec.accepted_tokens
         counts[toks[1]] = counts.get(toks[1], 0) + 1
-    assert used >= 75  # ≈ 108 of 300: the likeliest first token has p ≈ 0.36
+    assert used >= 100  # ≈ 123 of 130: the likeliest first token has p ≈ 0.95
     assert drafted == used and 0 < accepted < used  # every measured token went through the rule, both branches
     obs = np.array([counts[t] for t in ids], dtype=float)
     assert obs.sum() == used  # nothing outside the target's top-k

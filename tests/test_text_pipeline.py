@@ -74,10 +74,11 @@ def test_loop_guard_ends_a_looping_generation(smollm_engine):
     prompt = "The cat sat on the mat. " * 12
     assert_robust_greedy(smollm_engine, prompt, "The cat sat on the mat. The cat sat on the mat.", max_tokens=20,
                          min_margin=1.0)
-    p = SamplingParams(temperature=0, max_tokens=200)
+    cap = 96  # above the guard's latest stop (80 below): free runs to the cap, guarded ends before it
+    p = SamplingParams(temperature=0, max_tokens=cap)
     free = list(smollm_engine.generate(prompt, p))
-    guarded = list(smollm_engine.generate(prompt, SamplingParams(temperature=0, max_tokens=200, stop_loops=True)))
-    assert free[-1].finish_reason == "length" and free[-1].stats.completion_tokens == 200
+    guarded = list(smollm_engine.generate(prompt, SamplingParams(temperature=0, max_tokens=cap, stop_loops=True)))
+    assert free[-1].finish_reason == "length" and free[-1].stats.completion_tokens == cap
     assert guarded[-1].finish_reason == "loop"
     n = guarded[-1].stats.completion_tokens
     assert 24 <= n <= 80, n  # 3 copies of an 8-token cycle, at least 64 tokens: stopped at the first moment

@@ -111,7 +111,7 @@ def test_a_long_cached_prefix_on_a_far_slot_is_copied_into_the_run(smollm_path):
         _run(eng, [g])
         eng.release(g)
         cached = list(g.slot.tokens)
-        busy = [eng.start(eng.tokenize(t), SamplingParams(temperature=0, max_tokens=64), slot=eng.slots[i])
+        busy = [eng.start(eng.tokenize(t), SamplingParams(temperature=0, max_tokens=16), slot=eng.slots[i])
                 for i, t in enumerate(PROMPTS[:2])]
         follow = long + eng.tokenize(" and item 20 is", add_special=False)
         slot = eng.acquire_slot(follow)
