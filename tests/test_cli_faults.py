@@ -129,7 +129,7 @@ def test_folder_message_is_the_same_for_every_command(tmp_path, smollm_path):
     errors = set()
     for args in (["chat", str(two), "-p", "hi"], ["serve", str(two), "--port", port], ["inspect", str(two)],
                  ["fit", str(two)], ["bench", str(two)]):
-        r = run(*args)
+        r = localrun_inprocess(*args)  # cli.main's error path, as in a process of its own (no model loads)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr
         errors.add(r.stderr)
@@ -141,10 +141,10 @@ def test_folder_message_is_the_same_for_every_command(tmp_path, smollm_path):
 def test_folder_with_one_gguf_works_in_inspect_and_fit(tmp_path, smollm_path):
     one = tmp_path / "one"
     _link(smollm_path, one / smollm_path.name)
-    r = run("inspect", str(one), "--json")
+    r = localrun_inprocess("inspect", str(one), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["n_layer"] == 30
-    r = run("fit", str(one), "--json")
+    r = localrun_inprocess("fit", str(one), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["quant"] == "Q4_1"
 
@@ -267,10 +267,10 @@ def test_display_name_is_the_file_or_tag(smollm_path, tmp_path):
 
 
 def test_fit_and_inspect_show_the_display_name(smollm_path):
-    r = run("fit", str(smollm_path))
+    r = localrun_inprocess("fit", str(smollm_path))  # cli.main as the console script runs it (no model loads)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].startswith("SmolLM2-135M-Instruct.Q4_1 on ")
-    r = run("inspect", str(smollm_path), env={"COLUMNS": "200"})
+    r = localrun_inprocess("inspect", str(smollm_path), env={"COLUMNS": "200"})
     assert "SmolLM2-135M-Instruct.Q4_1" in r.stdout and "Smollm2 135M" not in r.stdout
 
 
@@ -302,11 +302,11 @@ def test_serve_and_ps_show_the_same_name_as_fit(tmp_path, smollm_path):
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        fit_title = run("fit", str(one)).stdout.split(" on ", 1)[0]
+        fit_title = localrun_inprocess("fit", str(one)).stdout.split(" on ", 1)[0]
         assert fit_title == "SmolLM2-135M-Instruct.Q4_1"
         cards = httpx.get(url + "/v1/models").json()["data"]  # the loaded model first, then what can load
         assert [m["id"] for m in cards if m["meta"]["loaded"]] == [fit_title] and cards[0]["id"] == fit_title
-        ps = run("ps", "--json", "--port", str(port))
+        ps = localrun_inprocess("ps", "--json", "--port", str(port))
         assert [m["name"] for m in json.loads(ps.stdout)["models"]] == [fit_title], ps.stdout
     finally:
         proc.terminate()

@@ -62,7 +62,7 @@ def _files(folder):
 
 def test_restored_prefix_equals_slot_and_cold_runs(smollm_path, tmp_path):
     eng = _cached(smollm_path, tmp_path)
-    prefix = eng.tokenize(_text(eng, 30))
+    prefix = eng.tokenize(_text(eng, 8))  # ≈ 65 tokens: over the 32-token minimum a snapshot needs
     suffix = eng.tokenize(" The colour of item 7 is", add_special=False)
     other = eng.tokenize("A different prompt about cats and dogs, long enough to be saved. " * 4)
     try:
@@ -89,36 +89,48 @@ def test_restored_prefix_equals_slot_and_cold_runs(smollm_path, tmp_path):
 
 
 def test_restart_hits_the_disk_tier(smollm_path, tmp_path):
-    """A 1,000-token shared prefix: the second process restores it from disk and prefills only the rest."""
-    eng = _cached(smollm_path, tmp_path, n_ctx=2560, ram=16 * MiB)
-    prefix = eng.tokenize(_text(eng, 135))[:1000]
+    """A 120-token shared prefix (≈ 2.8 MB of KV, more than the 2 MiB RAM tier holds: it goes to disk and is
+    not promoted back): the second process restores it from disk and prefills only the rest."""
+    eng = _cached(smollm_path, tmp_path, n_ctx=512, ram=2 * MiB)
+    prefix = eng.tokenize(_text(eng, 15))[:120]
     try:
         _run(eng, prefix, max_tokens=1)
     finally:
         eng.close()  # persist: the slot → RAM tier → disk
     assert len(_files(tmp_path)) == 1
-    eng = _cached(smollm_path, tmp_path, n_ctx=2560, ram=16 * MiB)
+    eng = _cached(smollm_path, tmp_path, n_ctx=512, ram=2 * MiB)
     try:
         suffix = eng.tokenize(" The colour of item 7 is", add_special=False)
         _, cached = _run(eng, prefix + suffix, max_tokens=2)
-        assert len(prefix) == cached == 1000
+        assert len(prefix) == cached == 120
         assert eng.kv_cache.stats.hits_disk == 1 and eng.kv_cache.stats.hits_ram == 0
     finally:
         eng.close()
 
 
-@pytest.fixture
-def one_snapshot(smollm_path, tmp_path):
-    """A disk tier holding one SmolLM2 snapshot → (folder, its file, the prompt that restores it)."""
-    eng = _cached(smollm_path, tmp_path / "cache")
-    prompt = eng.tokenize(_text(eng, 12))
+@pytest.fixture(scope="module")
+def pristine_snapshot(smollm_path, tmp_path_factory):
+    """A disk tier holding one SmolLM2 snapshot, written once for the module → (folder, its file's path in it,
+    the prompt that restores it)."""
+    folder = tmp_path_factory.mktemp("pristine")
+    eng = _cached(smollm_path, folder)
+    prompt = eng.tokenize(_text(eng, 5))  # ≈ 40 tokens: over the 32-token minimum, ≈ 0.9 MB of KV
     longer = prompt + eng.tokenize(" Item 3 is", add_special=False)
     try:
         _run(eng, prompt, max_tokens=1)
     finally:
         eng.close()
-    (f,) = _files(tmp_path / "cache")
-    return tmp_path / "cache", f, longer
+    (f,) = _files(folder)
+    return folder, f.relative_to(folder), longer
+
+
+@pytest.fixture
+def one_snapshot(pristine_snapshot, tmp_path):
+    """A disk tier holding one SmolLM2 snapshot (a copy of the module's) → (folder, its file, the prompt that
+    restores it)."""
+    src, rel, longer = pristine_snapshot
+    shutil.copytree(src, tmp_path / "cache")
+    return tmp_path / "cache", tmp_path / "cache" / rel, longer
 
 
 def _reload_and_run(smollm_path, folder, prompt, caplog):
@@ -156,7 +168,7 @@ def test_other_models_file_is_ignored_reported_and_deleted(smollm_path, gemma_pa
     folder, f, prompt = one_snapshot
     g = _cached(gemma_path, tmp_path / "gemma")
     try:
-        _run(g, g.tokenize(_text(g, 12)), max_tokens=1)
+        _run(g, g.tokenize(_text(g, 5)), max_tokens=1)
     finally:
         g.close()
     (gf,) = _files(tmp_path / "gemma")
@@ -170,12 +182,13 @@ def test_other_models_file_is_ignored_reported_and_deleted(smollm_path, gemma_pa
 
 
 def test_budgets_are_kept(smollm_path, tmp_path):
-    """RAM holds about one snapshot, disk about two: older ones spill, then leave the disk LRU first."""
-    eng = _cached(smollm_path, tmp_path, ram=3 * MiB, disk=7 * MiB)
+    """RAM holds about one snapshot (≈ 45 tokens, 1.1 MB), disk about two: older ones spill, then leave the disk
+    LRU first."""
+    eng = _cached(smollm_path, tmp_path, ram=3 * MiB // 2, disk=7 * MiB // 2)
     kv = eng.kv_cache
     try:
         for i in range(5):
-            _run(eng, eng.tokenize(f"Prompt number {i}. " + _text(eng, 10)), max_tokens=1)
+            _run(eng, eng.tokenize(f"Prompt number {i}. " + _text(eng, 5)), max_tokens=1)
             assert kv.ram_used_bytes <= kv.ram_bytes
             assert sum(p.stat().st_size for p in _files(tmp_path)) <= kv.disk_bytes
         assert kv.stats.saves == 4 and kv.stats.spills >= 2
@@ -183,14 +196,14 @@ def test_budgets_are_kept(smollm_path, tmp_path):
         assert all(p.suffix == SUFFIX for p in _files(tmp_path))
     finally:
         eng.close()
-    assert sum(p.stat().st_size for p in _files(tmp_path)) <= 7 * MiB
+    assert sum(p.stat().st_size for p in _files(tmp_path)) <= 7 * MiB // 2
 
 
 def test_gemma_sliding_window_restores_only_exact_boundaries(gemma_path, tmp_path, caplog):
-    eng = _cached(gemma_path, tmp_path, n_ctx=1536)
-    assert eng.n_swa and eng.n_swa < 700
-    turn = eng.tokenize(_text(eng, 90))[:700]  # longer than the window: the SWA cache has dropped its start
-    other = eng.tokenize("Another document about the weather in spring and summer. " * 6)
+    eng = _cached(gemma_path, tmp_path, n_ctx=1024)
+    assert eng.n_swa and eng.n_swa + 32 < 560
+    turn = eng.tokenize(_text(eng, 70))[:560]  # longer than the window: the SWA cache has dropped its start
+    other = eng.tokenize("Another document about the weather in spring and summer. " * 3)
     suffix = eng.tokenize(" Item 7 is a", add_special=False)
     try:
         first, _ = _run(eng, turn, max_tokens=4)
@@ -202,11 +215,11 @@ def test_gemma_sliding_window_restores_only_exact_boundaries(gemma_path, tmp_pat
         assert any("exact boundary" in r.getMessage() for r in caplog.records)
         # a prompt that leaves the boundary inside the window is not restored (its window would be wrong)
         _run(eng, other, max_tokens=1)
-        _, cached = _run(eng, turn[:650] + suffix)
+        _, cached = _run(eng, turn[:160] + suffix)  # 160 > 564 - n_swa: inside the snapshot's window
         assert cached <= 1 and eng.kv_cache.stats.hits_ram == 1  # at most the BOS the slot's prompt shares
     finally:
         eng.close()
-    cold_eng = _engine(gemma_path, 1536)
+    cold_eng = _engine(gemma_path, 1024)
     try:
         cold, cached = _run(cold_eng, boundary + suffix)
     finally:
@@ -218,17 +231,17 @@ def test_gemma_sliding_window_restores_only_exact_boundaries(gemma_path, tmp_pat
 def test_chat_save_then_load_in_a_new_engine_evaluates_only_the_new_turn(smollm_path, tmp_path):
     from localrun.chat.session import ChatSession, kv_path
 
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    eng = _engine(smollm_path, 2048)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    eng = _engine(smollm_path, 1024)
     try:
         s = ChatSession(eng, params)
-        list(s.send("Here is a list to remember. " + _text(eng, 25) + " Which items are red?"))
+        list(s.send("Here is a list to remember. " + _text(eng, 8) + " Which items are red?"))
         first = s.last_stats
         path = s.save(tmp_path / "chat.json")
     finally:
         eng.close()
     assert kv_path(path).is_file() and first.cached_tokens == 0
-    eng = _engine(smollm_path, 2048)  # a new process would load the same way
+    eng = _engine(smollm_path, 1024)  # a new process would load the same way
     try:
         t = ChatSession(eng, params)
         assert t.load(path) == 2 and t.kv_restored_tokens > first.prompt_tokens and not t.notices

@@ -9,13 +9,13 @@ import pytest
 pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.model  # `localrun chat` on the embedded SmolLM2, in subprocesses
 
-LIST = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(25))
+LIST = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(8))  # ≈ 65 tokens
 
 
 def _spawn(home):
     env = dict(os.environ, LOCALRUN_HOME=str(home), TERM="xterm", COLUMNS="200", LINES="40",
                PROMPT_TOOLKIT_NO_CPR="1")
-    return pexpect.spawn(sys.executable, ["-m", "localrun", "chat", "--temp", "0", "-n", "12"], env=env,
+    return pexpect.spawn(sys.executable, ["-m", "localrun", "chat", "--temp", "0", "-n", "6"], env=env,
                          encoding="utf-8", timeout=300, dimensions=(40, 200))
 
 
@@ -66,7 +66,7 @@ def test_resume_continues_a_saved_conversation_without_prefill(isolated_home, tm
     saved = tmp_path / "talk.json"
 
     def ask(text):
-        r = subprocess.run([sys.executable, "-m", "localrun", "chat", "--temp", "0", "-n", "8", "-v",
+        r = subprocess.run([sys.executable, "-m", "localrun", "chat", "--temp", "0", "-n", "6", "-v",
                             "--resume", str(saved), "-p", text], env=env, capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, r.stderr

@@ -36,7 +36,9 @@ def complete(http, model, prompt, n=4):
 
 def test_restart_restores_the_prefix_from_disk(tmp_path, smollm_path):
     cache = tmp_path / "kv"
-    prefix = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(50))
+    # ≈ 260 tokens; greedy continues with " Item" by a margin of 2 logits (shorter lists are near-ties or end
+    # the line), so the restored snapshot (prompt + answer) runs past the first prompt into the second one
+    prefix = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(30))
     srv, reg = serve(tmp_path, cache)
     try:
         with httpx.Client(base_url=srv.url, timeout=600) as http:
@@ -69,15 +71,15 @@ def test_gemma_chat_with_the_same_system_prompt_restores_its_snapshot(tmp_path, 
     client's prompt on the slot, then a chat with the same system prompt and another question: it restores
     the snapshot taken at the system prompt's end (mid-prefill of the first chat) and evaluates only its
     own turn."""
-    system = "You are a careful assistant. Inventory: " + " ".join(
-        f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(70))
+    system = "You are a careful assistant. Inventory: " + " ".join(  # ≈ 560 tokens: past the 512-token window
+        f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(62))
     srv, reg = serve(tmp_path, None, parallel=1, templates={gemma_path: "gemma"})
     try:
         with httpx.Client(base_url=srv.url, timeout=600) as http:
             usage = []
             for question in ("What colour is item 7?", None, "How many of the boxes are green, and which?"):
                 if question is None:  # another client takes the slot
-                    complete(http, gemma_path, "The weather in spring is mild, with rain in April. " * 6, n=1)
+                    complete(http, gemma_path, "The weather in spring is mild, with rain in April. " * 3, n=1)
                     continue
                 r = http.post("/v1/chat/completions", json={
                     "model": str(gemma_path), "max_tokens": 2, "temperature": 0,

@@ -32,40 +32,42 @@ def _mib(n: int) -> str:
 
 @pytest.mark.parametrize("which", ["smollm", "gemma"])
 def test_kv_and_model_buffer_equal_llamacpp_report(which, smollm_path, gemma_path):
-    """KV bytes per cache (cells, layers, seqs, K and V MiB as llama.cpp prints them, i.e. to 0.01 MiB)."""
+    """KV bytes per cache (cells, layers, seqs, K and V MiB as llama.cpp prints them, i.e. to 0.01 MiB). Each
+    context size and each KV type twice, not every pair (4 loads, not 6): 512 cells (Gemma-3: the SWA cache as
+    big as the context) with f16 on two sequences and with q8_0; 4096 and 8192 (the SWA cache capped at its
+    window: the same arithmetic) once with each type."""
     from localrun.backends import load_engine
 
     path = smollm_path if which == "smollm" else gemma_path
     spec = read_gguf(path)
-    for n_ctx in (512, 4096, 8192):
-        for kv_type in ("f16", "q8_0"):
-            par = 2 if (n_ctx == 512 and kv_type == "f16") else 1
-            plan = plan_for_run(spec, None, n_ctx=n_ctx, kv_type=kv_type, n_parallel=par)
-            eng = load_engine(path, plan)
-            try:
-                log = eng.load_log
-            finally:
-                eng.close()
-            got = [m.groups() for m in map(KV_LINE.search, log) if m]
-            kv = kv_cache(spec, n_ctx, kv_type=kv_type, n_parallel=par, kv_unified=plan.kv_unified)
-            want = [
-                (
-                    _mib(p.bytes),
-                    str(p.cells),
-                    str(p.n_layers),
-                    str(par),
-                    str(1 if plan.kv_unified else par),
-                    kv_type,
-                    _mib(p.k_bytes),
-                    kv_type,
-                    _mib(p.v_bytes),
-                )
-                for p in kv.parts
-            ]
-            assert [tuple(g) for g in got] == want, (n_ctx, kv_type)
-            assert plan.kv_cache_bytes == kv.bytes
-            mb = [m.group(1) for m in map(MODEL_LINE.search, log) if m]
-            assert mb == [_mib(model_buffer_bytes(spec))] and model_buffer_bytes(spec) == plan.weights_bytes
+    for n_ctx, kv_type in ((512, "f16"), (512, "q8_0"), (4096, "q8_0"), (8192, "f16")):
+        par = 2 if (n_ctx == 512 and kv_type == "f16") else 1
+        plan = plan_for_run(spec, None, n_ctx=n_ctx, kv_type=kv_type, n_parallel=par)
+        eng = load_engine(path, plan)
+        try:
+            log = eng.load_log
+        finally:
+            eng.close()
+        got = [m.groups() for m in map(KV_LINE.search, log) if m]
+        kv = kv_cache(spec, n_ctx, kv_type=kv_type, n_parallel=par, kv_unified=plan.kv_unified)
+        want = [
+            (
+                _mib(p.bytes),
+                str(p.cells),
+                str(p.n_layers),
+                str(par),
+                str(1 if plan.kv_unified else par),
+                kv_type,
+                _mib(p.k_bytes),
+                kv_type,
+                _mib(p.v_bytes),
+            )
+            for p in kv.parts
+        ]
+        assert [tuple(g) for g in got] == want, (n_ctx, kv_type)
+        assert plan.kv_cache_bytes == kv.bytes
+        mb = [m.group(1) for m in map(MODEL_LINE.search, log) if m]
+        assert mb == [_mib(model_buffer_bytes(spec))] and model_buffer_bytes(spec) == plan.weights_bytes
 
 
 COMPUTE_LINE = re.compile(r"CPU compute buffer size = +([\d.]+) MiB")

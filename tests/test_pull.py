@@ -272,13 +272,13 @@ def test_run_asks_on_a_terminal_and_no_downloads_nothing(hub, isolated_home):
 
 def test_run_yes_pulls_once_then_chats(hub, isolated_home, smollm_sha):
     ref = f"hf.co/{REPO}:Q4_1"
-    r = _cli("run", ref, "--yes", "-p", "What is the capital of France?", "--temp", "0", "-n", "8")
+    r = _cli("run", ref, "--yes", "-p", "What is the capital of France?", "--temp", "0", "-n", "4")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "downloaded and verified" not in r.stdout  # stdout: only the answer
     pulled = list((isolated_home / "models").rglob("*.gguf"))
     assert len(pulled) == 1 and sha256_file(pulled[0]) == smollm_sha
     n = len(_downloads(hub))
-    again = _cli("run", ref, "-p", "What is the capital of France?", "--temp", "0", "-n", "8")  # no --yes needed
+    again = _cli("run", ref, "-p", "What is the capital of France?", "--temp", "0", "-n", "4")  # no --yes needed
     assert again.returncode == 0, again.stderr
     assert len(_downloads(hub)) == n and again.stdout == r.stdout
 

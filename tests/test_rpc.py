@@ -94,7 +94,7 @@ def _greedy(path, *, hardware=None, n_gpu_layers=None, raw: bool) -> tuple[str, 
                         hardware=hardware, force=True)
     engine = loaded.engine
     try:
-        p = SamplingParams(temperature=0.0, max_tokens=32, seed=0)
+        p = SamplingParams(temperature=0.0, max_tokens=16, seed=0)
         stream = engine.generate(PROMPT, p) if raw else engine.chat([Message("user", PROMPT)], p)
         return "".join(c.text for c in stream), loaded.plan
     finally:
