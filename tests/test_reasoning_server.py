@@ -75,7 +75,7 @@ def full_and_streamed(client, **kw):
 
 
 def test_thinking_split_streaming_equals_full(client):
-    full, content, thinking, finish, usage = full_and_streamed(client, messages=STORY, max_tokens=40)
+    full, content, thinking, finish, usage = full_and_streamed(client, messages=STORY, max_tokens=24)
     msg = full.choices[0].message
     think = _extra(msg, "reasoning_content")
     assert think and _extra(msg, "reasoning") == think  # both names, same text
@@ -89,7 +89,7 @@ def test_thinking_split_streaming_equals_full(client):
 def test_budget_bounds_the_thinking(client, server):
     n_close = len(server.engine.tokenize(CLOSE, add_special=False, parse_special=True))
     for budget in (4, 12):
-        r = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=48,
+        r = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=budget + 16,
                                            extra_body={"reasoning_budget": budget})
         n = r.usage.completion_tokens_details.reasoning_tokens
         assert budget <= n <= budget + n_close, (budget, n)
@@ -99,8 +99,8 @@ def test_budget_bounds_the_thinking(client, server):
 
 
 def test_reasoning_format_none_keeps_the_tags(client):
-    split = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=40)
-    raw = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=40,
+    split = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=24)
+    raw = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=24,
                                          extra_body={"reasoning_format": "none"})
     think, answer, text = _extra(split.choices[0].message, "reasoning_content"), split.choices[0].message.content, \
         raw.choices[0].message.content
@@ -141,7 +141,7 @@ def _ollama_stream(server, path: str, body: dict) -> tuple[dict, list[dict]]:
 
 
 def test_ollama_think(server):
-    body = {"messages": STORY, "options": {"temperature": 0, "num_predict": 40}}
+    body = {"messages": STORY, "options": {"temperature": 0, "num_predict": 24}}
     full = httpx.post(server.url + "/api/chat", json={**body, "stream": False, "think": True}, timeout=300).json()
     msg = full["message"]
     assert msg["thinking"] and msg["content"] and "</think>" not in msg["content"]
@@ -151,7 +151,7 @@ def test_ollama_think(server):
     assert last["done"] and last["message"]["content"] == "" and last["eval_count"] == full["eval_count"]
     off = httpx.post(server.url + "/api/chat", json={**body, "stream": False, "think": False}, timeout=300).json()
     assert "thinking" not in off["message"] and off["message"]["content"]
-    gen = {"prompt": STORY[0]["content"], "options": {"temperature": 0, "num_predict": 40}, "think": True}
+    gen = {"prompt": STORY[0]["content"], "options": {"temperature": 0, "num_predict": 24}, "think": True}
     g = httpx.post(server.url + "/api/generate", json={**gen, "stream": False}, timeout=300).json()
     assert (g["thinking"], g["response"].strip()) == (msg["thinking"], msg["content"].strip())
     last, lines = _ollama_stream(server, "/api/generate", gen)

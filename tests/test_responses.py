@@ -228,8 +228,8 @@ def check_cached(responses) -> None:
 
 
 def test_five_turns_by_previous_response_id_equal_the_whole_conversation(client):
-    chained = converse_by_id(client, 16)
-    assert [r.output_text for r in chained] == converse_whole(client, 16)
+    chained = converse_by_id(client, 8)  # a reply cut short is history as much as a whole one
+    assert [r.output_text for r in chained] == converse_whole(client, 8)
     check_cached(chained)
 
 
@@ -320,10 +320,13 @@ def test_responses_survive_a_restart_and_stay_with_their_key(engine_plan, tmp_pa
 
 
 def test_truncation_auto_drops_the_oldest_turns(http):
-    long = " ".join(["The quick brown fox jumps over the lazy dog."] * 70)  # ≈ 700 tokens
+    # the oldest turn alone nearly fills the context, so what is left after dropping it (the only thing
+    # prefilled) is short: ≈ 1900 + 200 tokens overflow the 2048, the newer ≈ 200 are kept
+    sentence = "The quick brown fox jumps over the lazy dog."  # 10 tokens
     items = []
-    for i in range(3):
-        items += [{"role": "user", "content": f"{i}: {long}"}, {"role": "assistant", "content": "OK."}]
+    for i, n in enumerate((190, 20)):
+        items += [{"role": "user", "content": f"{i}: " + " ".join([sentence] * n)},
+                  {"role": "assistant", "content": "OK."}]
     items.append({"role": "user", "content": "Thanks."})
     body = {"input": items, "max_output_tokens": 2, "temperature": 0}
     r = http.post("/v1/responses", json=body)
@@ -332,6 +335,10 @@ def test_truncation_auto_drops_the_oldest_turns(http):
     r = http.post("/v1/responses", json=dict(body, truncation="auto"))
     assert r.status_code == 200, r.text
     assert r.json()["truncation"] == "auto" and r.json()["usage"]["input_tokens"] < N_CTX
+    # exactly the oldest turn went (its user message and the reply to it): the rest is the prompt, whole
+    kept = http.post("/v1/responses", json=dict(body, input=items[2:]))
+    assert kept.status_code == 200, kept.text
+    assert r.json()["usage"]["input_tokens"] == kept.json()["usage"]["input_tokens"] > 200
 
 
 def test_tools_on_a_template_without_tool_syntax(client):

@@ -258,12 +258,12 @@ def test_repeat_last_n_minus_one_is_the_whole_context(http):
 
     def ollama(**opts):
         r = http.post("/api/generate", json={"prompt": prompt, "raw": True, "stream": False,
-                                             "options": {"temperature": 0, "num_predict": 24, **opts}})
+                                             "options": {"temperature": 0, "num_predict": 12, **opts}})
         assert r.status_code == 200, r.text
         return r.json()["response"]
 
     def openai(**extra):
-        r = http.post("/v1/completions", json={"prompt": prompt, "temperature": 0, "max_tokens": 24, **extra})
+        r = http.post("/v1/completions", json={"prompt": prompt, "temperature": 0, "max_tokens": 12, **extra})
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]["text"]
 
@@ -305,20 +305,48 @@ def test_ollama_chat_takes_an_openai_style_tool_history(http):
 
 
 # ------------------------------------------------------------------------------------------- 19.7
-def test_max_tokens_past_the_context_runs_to_its_end(http):
+SMALL_CTX = 256  # llama.cpp's smallest context (it pads a smaller n_ctx to 256)
+
+
+@pytest.fixture
+def small_ctx_http(smollm_path, tmp_path):
+    """SmolLM2 served with a context of SMALL_CTX tokens: a prompt that nearly fills it is a short prefill."""
+    from localrun.backends import load_engine
+    from localrun.config import Settings
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    plan = simple_plan(read_gguf(smollm_path), n_ctx=SMALL_CTX, n_parallel=1)
+    plan.n_threads = plan.n_threads_batch = 1
+    engine = load_engine(smollm_path, plan)
+    assert engine.n_ctx == SMALL_CTX
+    srv = ServerThread(create_app(engine, Settings(home=tmp_path, models_dir=tmp_path / "models"),
+                                  ServeOptions(plan=plan)))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=300) as c:
+            yield c
+    finally:
+        srv.stop()
+        engine.close()
+
+
+def test_max_tokens_past_the_context_runs_to_its_end(small_ctx_http):
     """No ``max_tokens``, or more than the context has room for: the generation runs until the sequence's
     context is full and ends with ``length`` (README and `serve --help` say so). ``ignore_eos`` keeps the
     model from stopping first; a long prompt leaves a short way to the end."""
-    prompt = "hello " * (N_CTX - 40)
+    prompt = "hello " * (SMALL_CTX - 40)
     for extra in ({"max_tokens": 100_000}, {}):
-        r = http.post(
+        r = small_ctx_http.post(
             "/v1/chat/completions",
             json={"messages": [{"role": "user", "content": prompt}], "ignore_eos": True, "temperature": 0, **extra},
         )
         assert r.status_code == 200, r.text
         u = r.json()["usage"]
         assert r.json()["choices"][0]["finish_reason"] == "length"
-        assert u["prompt_tokens"] + u["completion_tokens"] == N_CTX, u
+        assert u["prompt_tokens"] + u["completion_tokens"] == SMALL_CTX, u
+        assert u["completion_tokens"] > 1, u  # it generated on to the end, not refused a full prompt
 
 
 def test_serve_help_says_how_long_a_generation_runs():
