@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,8 +38,6 @@ os.environ["LOCALRUN_HOME"] = str(_SESSION_DIR / "localrun_home")
 # recompiles the package (editable install: nothing of it was compiled at install). The session restores
 # the default for itself and for what it starts.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
-    import sys
-
     sys.dont_write_bytecode = False
 
 # ---- parallel workers (pytest-xdist, ``-n`` in pyproject's addopts) ---------------------------------------
@@ -63,7 +62,6 @@ if _WORKERS > 1 and not os.environ.get("LOCALRUN_THREADS"):
 # LOCALRUN_TEST_BLAS=0 keeps the wheel's own BLAS.
 def _system_openblas() -> str | None:
     import glob
-    import sys
 
     if sys.platform != "linux" or os.environ.get("LD_PRELOAD") or os.environ.get("LOCALRUN_TEST_BLAS") == "0":
         return None
