@@ -255,12 +255,18 @@ def with_server(kind: str, args, log_dir: str, what: str, fn, **argv_kw):
         srv.stop()
 
 
+def level_requests(level: int, args) -> int:
+    """Requests sent at ``level`` streams: ``--requests-single`` at 1, else ``--requests`` (at least one per
+    stream)."""
+    return args.requests_single if level == 1 else max(args.requests, level)
+
+
 def run_all(kinds: list[str], args, log_dir: str) -> dict[str, dict]:
     """Level by level, each server in turn on a fresh process (the order alternates per level), so noise
     from other work on the machine lands on both alike; then the prefix-cache trials, one server at a time."""
     runs = {k: {"server": NAMES[k], "levels": [], "prefix": []} for k in kinds}
     for i, level in enumerate(args.levels):
-        n = args.requests_single if level == 1 else max(args.requests, level)
+        n = level_requests(level, args)
         for kind in (kinds if i % 2 == 0 else kinds[::-1]):
             try:
                 lv = with_server(kind, args, log_dir, f"{level} streams",
@@ -324,7 +330,8 @@ def _x(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.2f}×"
 
 
-def report(runs: dict[str, dict], args) -> None:
+def report(runs: dict[str, dict], args, floor: dict | None = None) -> None:
+    """The table and the ratios; ``floor``: ``ttft_floor.floors``'s result (the TTFT p50 floor per level)."""
     print(
         f"\nmodel {args.model}; threads {args.threads}; ctx {args.ctx}/sequence; max_tokens {args.max_tokens}; "
         f"CPUs {os.cpu_count()}; peer flash_attn {'on' if args.peer_flash_attn else 'off'}"
@@ -379,6 +386,13 @@ def report(runs: dict[str, dict], args) -> None:
                   f"({'MET' if r_tok >= 1.05 else 'NOT MET'}), TTFT p50 {_x(r_ttft)} "
                   f"({'MET' if r_ttft is not None and r_ttft <= 0.5 else 'NOT MET'})"
                   + ("" if ub is None else f"; localrun {ub:.3f} ubatches per decode step"))
+            f_s = (floor or {}).get("levels", {}).get(lv["level"])
+            if f_s is not None and other["ttft_p50_s"]:
+                best = f_s / other["ttft_p50_s"]
+                print(f"      TTFT p50 floor {_ms(f_s).strip()} (prefill only, at {floor['pp_tok_s']:.0f} tok/s, the "
+                      f"fastest seen: {floor['source']}; benches/ttft_floor.py): no server "
+                      f"can do better than {best:.2f}× of {NAMES[kind]}'s"
+                      + (" (the 0.5× goal is below it)" if best > 0.5 else ""))
     for key, run in runs.items():
         ratios = [p["ratio"] for p in run["prefix"] if p["ratio"] is not None]
         if ratios:
@@ -452,12 +466,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in LLAMA_SERVERS and not args.llama_server:
             ap.error(f"--only {args.only} needs --llama-server PATH")
         runs = run_all([args.only] if args.only else kinds, args, log_dir)
-    report(runs, args)
+    if args.llama_server and args.only is None:  # the compute floor under TTFT p50 (benches/ttft_floor.py)
+        from ttft_floor import floors
+
+        floor = floors(args, {lv: completion_prompts(level_requests(lv, args), args.prompt_words, seed=1000 * lv)
+                              for lv in args.levels}, runs)
+    else:
+        floor = {}
+    report(runs, args, floor)
     print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": runs},
+                {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": runs,
+                 "ttft_floor": floor},
                 indent=2,
             )
         )
