@@ -153,7 +153,7 @@ def live_server(tmp_path, smollm_path):
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         else:
             pytest.fail("localrun serve did not come up: " + (tmp_path / "serve.log").read_text()[-2000:])
         yield url, proc.pid

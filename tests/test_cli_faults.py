@@ -301,7 +301,7 @@ def test_serve_and_ps_show_the_same_name_as_fit(tmp_path, smollm_path):
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         fit_title = localrun_inprocess("fit", str(one)).stdout.split(" on ", 1)[0]
         assert fit_title == "SmolLM2-135M-Instruct.Q4_1"
         cards = httpx.get(url + "/v1/models").json()["data"]  # the loaded model first, then what can load

@@ -277,7 +277,7 @@ def test_serve_command_with_backend_mlx(smollm_path, isolated_home):
                 if httpx.get(url + "/health", timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.5)
+                time.sleep(0.1)
         ps = httpx.get(url + "/api/ps", timeout=30).json()["models"][0]["localrun"]
         assert ps["serving"] == "mlx, requests served one at a time" and ps["n_ctx"] == 512
         c = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=300, max_retries=0)

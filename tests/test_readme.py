@@ -254,7 +254,7 @@ def test_serve_and_curl_examples(isolated_home, page):
                     break
             except OSError:
                 assert time.monotonic() < deadline, "localrun serve did not start"
-                time.sleep(0.5)
+                time.sleep(0.1)
         for ex in curls:
             r = _run(ex.cmd.replace("11500", str(port)), isolated_home, timeout=600)
             assert r.returncode == 0, (ex.cmd, r.stderr)

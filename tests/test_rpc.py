@@ -200,7 +200,7 @@ def _wait_health(base: str, server: subprocess.Popen, want: int, timeout_s: floa
             last = (code, body)
         except Exception as e:  # noqa: BLE001 - not up yet
             last = e
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise TimeoutError(f"/health never answered {want}: {last}")
 
 
@@ -229,7 +229,7 @@ def test_serve_rpc_survives_a_worker_killed_mid_stream(smollm_path, tmp_path):
         for _ in range(20):  # the supervisor's next look names the worker it waits for
             if ep1 in health["reason"]:
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
             code, health = _health(base)
         assert code == 503 and ep1 in health["reason"], health
         r = httpx.post(f"{base}/v1/completions", json={**body, "max_tokens": 4}, timeout=10)
@@ -327,13 +327,13 @@ def test_front_turns_its_runner_dying_into_errors_and_restarts_it(smollm_path):
         for _ in range(20):
             if ep in _health(srv.url)[1]["reason"]:
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert ep in _health(srv.url)[1]["reason"]
         fake = listener(int(ep.rsplit(":", 1)[1]))  # back: the runner starts again
         deadline = time.monotonic() + 120
         while _health(srv.url)[0] != 200:
             assert time.monotonic() < deadline, _health(srv.url)
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert sup.restarts == 1 and sup.proc is not first
         r = httpx.post(f"{srv.url}/v1/completions", json={**body, "max_tokens": 3}, timeout=60)
         assert r.status_code == 200

@@ -61,7 +61,7 @@ def _start_server(tmp_path, smollm_path, *extra: str) -> tuple[subprocess.Popen,
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url, port
         except httpx.HTTPError:
-            time.sleep(0.3)
+            time.sleep(0.05)
 
 
 def _stop(proc: subprocess.Popen) -> str:

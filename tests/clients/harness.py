@@ -52,7 +52,7 @@ class Serve:
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, "localrun serve did not start: " + self.log.read_text()[-3000:]
-            time.sleep(0.3)
+            time.sleep(0.05)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

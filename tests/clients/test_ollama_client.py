@@ -60,7 +60,7 @@ def start_serve(home: Path, model: Path, *args: str, env: dict | None = None):
         except httpx.HTTPError:
             pass
         assert time.monotonic() < deadline, "localrun serve did not start"
-        time.sleep(0.3)
+        time.sleep(0.05)
 
 
 def stop_serve(proc, log: Path) -> None:
