@@ -70,7 +70,9 @@ def test_user_errors_are_typed_messages_not_tracebacks(case, tmp_path, gemma_pat
         "not_gguf": (["chat", str(bad), "-p", "hi"], 3, "not a usable GGUF"),
         "truncated": (["chat", str(deepseek_header_path), "-p", "hi"], 3, "weights incomplete"),
         "no_template": (["chat", str(gemma_path), "-p", "hi"], 5, "no chat template"),
-        "bad_policy": (["chat", "-p", "hi", "--context-policy", "sometimes"], 9, "context policy"),
+        # said before the model is even looked for (a missing file would be exit 2, "model not found")
+        "bad_policy": (["chat", str(tmp_path / "missing.gguf"), "-p", "hi", "--context-policy", "sometimes"], 9,
+                       "context policy"),
         "bad_template": (["chat", "-p", "hi", "--chat-template", "nonesuch"], 5, "unknown chat template"),
         "log_level": (["serve", "--log-level", "loud"], 9, "unknown --log-level"),
         "foreign_host": (["serve", "--host", "192.0.2.1", "--api-key", "k"], 9, "not an address of this machine"),

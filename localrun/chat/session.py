@@ -62,6 +62,14 @@ class Piece(Chunk):
     thinking: str = ""
 
 
+def check_context_policy(policy: str) -> str:
+    """``policy`` when it is one of CONTEXT_POLICIES; else ConfigError saying which are (`chat` checks
+    ``--context-policy`` with it before it loads the model)."""
+    if policy not in CONTEXT_POLICIES:
+        raise ConfigError(f"unknown context policy {policy!r}", hint=f"use one of: {', '.join(CONTEXT_POLICIES)}")
+    return policy
+
+
 @dataclass
 class ChatSession:
     engine: object
@@ -81,9 +89,7 @@ class ChatSession:
     images: list = field(default_factory=list)  # backends.images.ImageInput for the next message (/image PATH)
 
     def __post_init__(self) -> None:
-        if self.context_policy not in CONTEXT_POLICIES:
-            raise ConfigError(f"unknown context policy {self.context_policy!r}",
-                              hint=f"use one of: {', '.join(CONTEXT_POLICIES)}")
+        check_context_policy(self.context_policy)
 
     # ------------------------------------------------------------------ conversation
     def _system_messages(self) -> list[Message]:

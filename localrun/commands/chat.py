@@ -100,9 +100,11 @@ def register(app: typer.Typer) -> None:
         """Chat with a model in the terminal."""
         from localrun.backends.base import SamplingParams
         from localrun.chat import DEFAULT_SYSTEM_PROMPT, ChatSession, Repl
+        from localrun.chat.session import check_context_policy
         from localrun.loading import load_model
         from localrun.render import stderr
 
+        check_context_policy(context_policy)  # a mistyped flag is said before a model loads (seconds to minutes)
         err = stderr()
         interactive = prompt is None and sys.stdin.isatty()
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
