@@ -163,10 +163,12 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
                flash_attn: bool | None = None, n_threads: int | None = None, chat_template: str | None = None,
                force: bool = False, status=None, models_dir: Path | None = None, spec_mode: str = "off",
                draft_model: str | None = None, draft_max: int | None = None, hardware=None,
-               mmproj: str | None = None, no_mmproj_offload: bool = False) -> Loaded:
+               mmproj: str | None = None, no_mmproj_offload: bool = False, check=None) -> Loaded:
     """Resolve, plan and load MODEL (``plan_load``, ``check_fits``, ``load_planned``). ``status(text)`` is
     called with progress messages. ``hardware``: the profile to plan for (default: probe this machine;
-    ``--rpc`` adds the workers' devices, ``backends.hardware_with_workers``).
+    ``--rpc`` adds the workers' devices, ``backends.hardware_with_workers``). ``check(prepared)``: called
+    with the ``Prepared`` before anything loads; what it raises is raised (``chat`` refuses a base model
+    there).
 
     The plan is ``plan_for_run`` for the detected machine; every flag given overrides the planner.
     Speculative decoding (llama.cpp and MLX): ``spec_mode`` ``auto`` | ``ngram`` | ``draft`` | ``off``, ``draft_model``
@@ -184,6 +186,8 @@ def load_model(model: str | None, *, backend: str | None = None, n_ctx: int | No
                      force=force, models_dir=models_dir, spec_mode=spec_mode, draft_model=draft_model,
                      draft_max=draft_max, hardware=hardware, mmproj=mmproj,
                      no_mmproj_offload=no_mmproj_offload)
+    if check is not None:
+        check(prep)
     if prep.spec is not None:
         check_fits(prep.plan, force=force)
     return load_planned(prep, status)

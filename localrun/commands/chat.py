@@ -119,6 +119,11 @@ def register(app: typer.Typer) -> None:
         from localrun.backends.spec_decode import spec_mode_or_default
 
         spec_mode = spec_mode_or_default(spec_mode, draft_model)
+
+        def check(prep) -> None:  # a GGUF's header says whether it has a chat template: refuse before loading
+            if not raw and prep.spec is not None and prep.template is None and prep.spec.chat_template is None:
+                raise _no_chat_template(prep.path)
+
         if interactive:
             with err.status("loading model…", spinner="dots") as st:
                 loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers,
@@ -126,24 +131,18 @@ def register(app: typer.Typer) -> None:
                                     chat_template=chat_template, force=force,
                                     status=lambda t: st.update(t), spec_mode=spec_mode,
                                     draft_model=draft_model, draft_max=draft_max, hardware=hardware,
-                                    mmproj=str(mmproj) if mmproj else None, no_mmproj_offload=no_mmproj_offload)
+                                    mmproj=str(mmproj) if mmproj else None, no_mmproj_offload=no_mmproj_offload,
+                                    check=check)
         else:
             loaded = load_model(model, backend=backend, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                                 kv_type=kv_type, flash_attn=flash_attn, chat_template=chat_template, force=force,
                                 spec_mode=spec_mode, draft_model=draft_model, draft_max=draft_max,
                                 hardware=hardware, mmproj=str(mmproj) if mmproj else None,
-                                no_mmproj_offload=no_mmproj_offload)
+                                no_mmproj_offload=no_mmproj_offload, check=check)
         engine = loaded.engine
         try:
-            if not raw and not engine.has_chat_template:
-                from localrun.errors import ChatTemplateError
-                from localrun.store.resolve import display_name
-
-                raise ChatTemplateError(
-                    f"{display_name(engine.model_path)} has no chat template: it is a "
-                    "base model, and chatting with it "
-                    "would produce garbage",
-                    hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
+            if not raw and not engine.has_chat_template:  # an MLX folder (no GGUF header to read before)
+                raise _no_chat_template(engine.model_path)
             sys_prompt = DEFAULT_SYSTEM_PROMPT if system is None else (system or None)
             session = ChatSession(engine, params, system=sys_prompt, context_policy=context_policy,
                                   think=think, reasoning_budget=reasoning_budget)
@@ -184,6 +183,16 @@ def _resume(session, path: Path, raw: bool, err) -> None:
     err.print(f"resumed {n} messages{kv} from {path}", style="dim")
     for note in session.notices:
         err.print(note, style="yellow")
+
+
+def _no_chat_template(path):
+    """The ChatTemplateError for chatting with a base model at ``path`` (no chat template, none given)."""
+    from localrun.errors import ChatTemplateError
+    from localrun.store.resolve import display_name
+
+    return ChatTemplateError(f"{display_name(path)} has no chat template: it is a base model, and chatting with it "
+                             "would produce garbage",
+                             hint="use --raw for plain text completion, or --chat-template chatml|llama3|gemma|FILE")
 
 
 def _constraint(schema_file: Optional[Path], regex: Optional[str]):
