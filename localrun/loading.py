@@ -46,6 +46,14 @@ class Prepared:
     mmproj_path: Path | None = None  # the vision projector loaded with the model (images in), None: text only
     mmproj_found: bool = False  # found beside the model (not --mmproj): a projector that does not load is skipped
 
+    @property
+    def has_chat_template(self) -> bool | None:
+        """Whether the loaded engine will have a chat template, as it chooses one (``template``, the
+        --chat-template source, else the GGUF header's); None for an MLX folder, known only once loaded."""
+        if self.template is not None:
+            return True
+        return None if self.spec is None else self.spec.chat_template is not None
+
 
 def plan_load(model: str | None, *, backend: str | None = None, n_ctx: int | None = None,
               n_parallel: int = 1, n_gpu_layers: int | None = None, kv_type: str | None = None,

@@ -120,8 +120,8 @@ def register(app: typer.Typer) -> None:
 
         spec_mode = spec_mode_or_default(spec_mode, draft_model)
 
-        def check(prep) -> None:  # a GGUF's header says whether it has a chat template: refuse before loading
-            if not raw and prep.spec is not None and prep.template is None and prep.spec.chat_template is None:
+        def check(prep) -> None:  # a base model is refused before its weights load
+            if not raw and prep.has_chat_template is False:
                 raise _no_chat_template(prep.path)
 
         if interactive:
