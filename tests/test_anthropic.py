@@ -265,12 +265,17 @@ def test_thinking_history_is_accepted(qclient):
 def test_full_queue_is_529_overloaded(qwq, qclient):
     """One sequence, one waiting place: a third request is refused with Anthropic's 529 overloaded_error (which
     the SDK retries after Retry-After), and the server goes on serving."""
-    # greedy: SmolLM2's greedy story runs to max_tokens (it ends in a loop of sentences), so the one sequence
-    # stays taken while the queue fills; at the default temperature (1.0) a story now and then ended after a
-    # few tokens and freed the sequence before the second request could queue (seen in a CI run)
-    body = {"max_tokens": 200, "stream": True, "messages": STORY, "thinking": {"type": "disabled"}, **GREEDY}
-    with httpx.stream("POST", qwq.url + "/v1/messages", json=body, timeout=300) as r:
-        next(r.iter_lines())  # the one sequence is taken
+    # the one sequence is held by a stream that cannot end by itself before r.close(): OpenAI's route with
+    # ignore_eos (llama-server's extension; the queue is the server's, whatever the wire format), 900 tokens of
+    # the 1024-token context. A greedy story's length is the CPU's (its end-of-text can be a near-tie).
+    body = {"model": "x", "max_tokens": 900, "stream": True, "ignore_eos": True, "temperature": 0,
+            "messages": STORY}
+    with httpx.stream("POST", qwq.url + "/v1/chat/completions", json=body, timeout=300) as r:
+        # one iterator, kept: `next(r.iter_lines())` dropped its generator at once, and closing it closes httpx's
+        # stream and the connection, so the server cancelled the story. Whether the waiting request then
+        # queued, or the third was refused, was a race (failed 1 run in 4 here).
+        lines = r.iter_lines()
+        next(lines)  # the one sequence is taken
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(qclient.messages.create, model="x", max_tokens=2, messages=ASK)
             deadline = time.monotonic() + 60
