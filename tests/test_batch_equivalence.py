@@ -46,6 +46,9 @@ LOGPROB_TOL = 0.02  # nats (SmolLM2's short prompts measured 0; Gemma 0.21: open
 LONG_KV_TOL = 0.15  # nats, past 512 cells: flash attention's split-KV rounding (≤ 0.064 measured; docstring)
 LONG = 512  # cells: prompts longer than this are held to LONG_KV_TOL
 WIDE_MARGIN = 2 * LONG_KV_TOL
+# decode steps per sequence. Gemma's open fault shows within its first 3-5 steps (|Δ logprob| 0.06-0.11 against
+# the 0.02 tolerance on several sequences, measured): 12 steps keep the strict xfail, at half of 24's cost
+STEPS = {"smollm": 24, "gemma": 12}
 PROMPTS = [
     "Once upon a time",
     "The capital of France is",
@@ -94,7 +97,8 @@ def test_sixteen_concurrent_greedy_sequences_equal_their_solo_runs(model, reques
     path = request.getfixturevalue(f"{model}_path")
     eng = _engine(path, N_SLOTS)
     try:
-        p = SamplingParams(temperature=0, max_tokens=24, logprobs=2, ignore_eos=True)
+        n = STEPS[model]
+        p = SamplingParams(temperature=0, max_tokens=n, logprobs=2, ignore_eos=True)
         # the short prompts in turn and the long one once (sequence 4): one sequence past the window is
         # what the SWA case needs, and two more copies cost 1,100 tokens of prefill for nothing new
         prompts = [eng.tokenize(PROMPTS[4 if i == 4 else i % 4]) for i in range(N_SEQ)]
@@ -114,7 +118,7 @@ def test_sixteen_concurrent_greedy_sequences_equal_their_solo_runs(model, reques
         assert t.moves > before["moves"] and ubatches == steps > 0, (steps, ubatches)  # one pass per decode step
         worst, worst_long, compared = 0.0, 0.0, 0
         for toks, g, tr in zip(prompts, gens, traces):
-            assert len(tr) == 24 and g.finish_reason == "length"
+            assert len(tr) == n and g.finish_reason == "length"
             w, n = _compare(solo[tuple(toks)], tr)
             if len(toks) > LONG:
                 worst_long = max(worst_long, w)
@@ -124,7 +128,7 @@ def test_sixteen_concurrent_greedy_sequences_equal_their_solo_runs(model, reques
             eng.release(g, keep_kv=False)
         assert worst <= LOGPROB_TOL, f"max |Δlogprob| {worst:.4f} (prompts ≤ {LONG} tokens)"
         assert worst_long <= LONG_KV_TOL, f"max |Δlogprob| {worst_long:.4f} (the prompt past {LONG} tokens)"
-        assert compared >= N_SEQ * 24 // 2  # most steps were comparable (near-ties are rare)
+        assert compared >= N_SEQ * n // 2  # most steps were comparable (near-ties are rare)
         print(f"{model}: max |Δlogprob| {worst:.2e}, {worst_long:.2e} past {LONG} cells, over {compared} steps")
     finally:
         eng.close()
