@@ -258,8 +258,224 @@ def write_lfm2(path: Path, **kw) -> Path:
     return w.close()
 
 
+# ---------------------------------------------------------------------------- mamba-2 hybrids (nemotron_h, granite)
+def _mamba2(w: _Writer, b: str, o: dict) -> None:
+    """One Mamba-2 mixer as nemotron-h.cpp / granite-hybrid.cpp create it (d_in_proj = 2 d_inner +
+    2 n_group d_state + n_head)."""
+    d, di, ds, ng, nh, dc = o["n_embd"], o["ssm_d_inner"], o["ssm_d_state"], o["ssm_n_group"], o["ssm_dt_rank"], \
+        o["ssm_d_conv"]
+    w.rand(f"{b}.ssm_in.weight", d, 2 * di + 2 * ng * ds + nh)
+    w.rand(f"{b}.ssm_conv1d.weight", dc, di + 2 * ng * ds, scale=0.3)
+    w.rand(f"{b}.ssm_conv1d.bias", di + 2 * ng * ds)
+    w.const(f"{b}.ssm_dt.bias", 0.5, nh)
+    w.const(f"{b}.ssm_a", -1.0, 1, nh)
+    w.ones(f"{b}.ssm_d", 1, nh)
+    w.ones(f"{b}.ssm_norm.weight", di // ng, ng)
+    w.rand(f"{b}.ssm_out.weight", di, d)
+
+
+def _ssm_keys(w: _Writer, o: dict) -> None:
+    w.u32("ssm.conv_kernel", o["ssm_d_conv"])
+    w.u32("ssm.inner_size", o["ssm_d_inner"])
+    w.u32("ssm.state_size", o["ssm_d_state"])
+    w.u32("ssm.time_step_rank", o["ssm_dt_rank"])
+    w.u32("ssm.group_count", o["ssm_n_group"])
+
+
+def _attn(w: _Writer, b: str, d: int, n_head: int, n_head_kv: int, hd: int) -> None:
+    w.rand(f"{b}.attn_q.weight", d, hd * n_head)
+    w.rand(f"{b}.attn_k.weight", d, hd * n_head_kv)
+    w.rand(f"{b}.attn_v.weight", d, hd * n_head_kv)
+    w.rand(f"{b}.attn_output.weight", hd * n_head, d)
+
+
+NEMOTRON_H = dict(n_embd=128, pattern="M-M*M-M*", n_ff=256, n_head=4, n_head_kv=2, ssm_d_conv=4, ssm_d_inner=256,
+                  ssm_d_state=16, ssm_n_group=2, ssm_dt_rank=8, n_ctx_train=4096, seed=0, tokenizer_from=None)
+
+
+def write_nemotron_h(path: Path, **kw) -> Path:
+    """A tiny Nemotron-H (arch ``nemotron_h``, src/models/nemotron-h.cpp): one mixer per block, ``pattern``
+    as in NVIDIA's ``hybrid_override_pattern`` (M = Mamba-2, * = attention, - = squared-ReLU MLP). The kind
+    is told by the per-layer arrays: ``head_count_kv`` > 0 → attention, ``feed_forward_length`` > 0 → MLP,
+    both 0 → Mamba-2 (the only layers with R/S state). Keywords: see ``NEMOTRON_H``."""
+    o = _opts(NEMOTRON_H, kw)
+    path = Path(path)
+    pat = o["pattern"]
+    o["n_layer"] = len(pat)
+    w = _Writer(path, "nemotron_h", o["seed"], o["tokenizer_from"])
+    d, hd = o["n_embd"], o["n_embd"] // o["n_head"]
+    _common(w, o)
+    w.f32("attention.layer_norm_epsilon", 1e-5)
+    w.u32("attention.head_count", o["n_head"])
+    w.arr("attention.head_count_kv", [o["n_head_kv"] if c == "*" else 0 for c in pat])
+    w.arr("feed_forward_length", [o["n_ff"] if c == "-" else 0 for c in pat])
+    w.u32("attention.key_length", hd)
+    w.u32("attention.value_length", hd)
+    _ssm_keys(w, o)
+    w.embeddings(d)
+    w.ones("output_norm.weight", d)
+    for i, c in enumerate(pat):
+        b = f"blk.{i}"
+        w.ones(f"{b}.attn_norm.weight", d)
+        if c == "M":
+            _mamba2(w, b, o)
+        elif c == "*":
+            _attn(w, b, d, o["n_head"], o["n_head_kv"], hd)
+        else:
+            w.rand(f"{b}.ffn_up.weight", d, o["n_ff"])
+            w.rand(f"{b}.ffn_down.weight", o["n_ff"], d)
+    return w.close()
+
+
+GRANITE_HYBRID = dict(n_embd=128, n_layer=8, attn_layers=(3, 7), n_ff=256, n_head=4, n_head_kv=2, ssm_d_conv=4,
+                      ssm_d_state=16, ssm_n_group=1, ssm_dt_rank=8, n_expert=0, n_expert_used=0, n_ff_shexp=0,
+                      n_ctx_train=4096, seed=0, tokenizer_from=None)
+
+
+def write_granitehybrid(path: Path, **kw) -> Path:
+    """A tiny Granite 4.0-H (arch ``granitehybrid``, src/models/granite-hybrid.cpp): Mamba-2 layers
+    (``head_count_kv`` 0, d_inner = 2 n_embd as llama.cpp asserts) and a few attention layers, each with a
+    SwiGLU FFN (``n_expert`` > 0: routed experts, plus a shared expert when ``n_ff_shexp`` > 0, as H-Tiny and
+    H-Small). Keywords: see ``GRANITE_HYBRID``."""
+    o = _opts(GRANITE_HYBRID, kw)
+    o["ssm_d_inner"] = 2 * o["n_embd"]
+    path = Path(path)
+    w = _Writer(path, "granitehybrid", o["seed"], o["tokenizer_from"])
+    d, hd, n_layer = o["n_embd"], o["n_embd"] // o["n_head"], o["n_layer"]
+    attn = set(o["attn_layers"])
+    _common(w, o)
+    w.u32("feed_forward_length", o["n_ff"])
+    w.u32("attention.head_count", o["n_head"])
+    w.arr("attention.head_count_kv", [o["n_head_kv"] if i in attn else 0 for i in range(n_layer)])
+    w.f32("logit_scale", 4.0)
+    w.f32("residual_scale", 0.22)
+    w.f32("embedding_scale", 12.0)
+    w.f32("attention.scale", 1.0 / hd)
+    w.boolean("rope.scaling.finetuned", False)  # Granite 4.0-H uses no RoPE (NoPE): llama.cpp reads this switch
+    _ssm_keys(w, o)
+    moe = o["n_expert"] > 0
+    if moe:
+        w.u32("expert_count", o["n_expert"])
+        w.u32("expert_used_count", o["n_expert_used"])
+        if o["n_ff_shexp"]:
+            w.u32("expert_shared_feed_forward_length", o["n_ff_shexp"])
+    w.embeddings(d)
+    w.ones("output_norm.weight", d)
+    ff = o["n_ff"]
+    for i in range(n_layer):
+        b = f"blk.{i}"
+        w.ones(f"{b}.attn_norm.weight", d)
+        if i in attn:
+            _attn(w, b, d, o["n_head"], o["n_head_kv"], hd)
+        else:
+            _mamba2(w, b, o)
+        w.ones(f"{b}.ffn_norm.weight", d)
+        if moe:
+            n_e = o["n_expert"]
+            w.rand(f"{b}.ffn_gate_inp.weight", d, n_e)
+            w.rand(f"{b}.ffn_gate_exps.weight", d, ff, n_e)
+            w.rand(f"{b}.ffn_down_exps.weight", ff, d, n_e)
+            w.rand(f"{b}.ffn_up_exps.weight", d, ff, n_e)
+            if o["n_ff_shexp"]:
+                w.rand(f"{b}.ffn_gate_shexp.weight", d, o["n_ff_shexp"])
+                w.rand(f"{b}.ffn_up_shexp.weight", d, o["n_ff_shexp"])
+                w.rand(f"{b}.ffn_down_shexp.weight", o["n_ff_shexp"], d)
+        else:
+            w.rand(f"{b}.ffn_gate.weight", d, ff)
+            w.rand(f"{b}.ffn_up.weight", d, ff)
+            w.rand(f"{b}.ffn_down.weight", ff, d)
+    return w.close()
+
+
+# ------------------------------------------------------------------------------------------------- gemma4
+GEMMA4 = dict(n_embd=128, n_layer=8, swa_period=4, shared_kv_layers=4, n_ff=256, n_head=4, n_head_kv_swa=2,
+              n_head_kv_full=1, head_dim=64, head_dim_swa=32, sliding_window=128, n_embd_per_layer=16,
+              n_expert=0, n_expert_used=0, n_ff_exp=64, n_ctx_train=4096, seed=0, tokenizer_from=None)
+
+
+def write_gemma4(path: Path, **kw) -> Path:
+    """A tiny Gemma 4 (arch ``gemma4``, src/models/gemma4.cpp): ``swa_period - 1`` sliding-window layers then
+    one global layer (an explicit ``attention.sliding_window_pattern`` bool array), the sliding layers with
+    their own head size (``key_length_swa``/``value_length_swa``) and KV-head count (per-layer
+    ``head_count_kv``), the last ``shared_kv_layers`` layers reusing the KV of the last non-shared layer of
+    their kind (no KV of their own, no K/V projections), per-layer embeddings (``n_embd_per_layer`` > 0, as
+    E2B/E4B; 0 as 26B/31B), Q/K norms, one shared ``rope_freqs``. ``n_expert`` > 0 adds the 26B-A4B MoE
+    block beside the dense FFN. llama.cpp needs the last non-shared layer global and the one before it
+    sliding. Keywords: see ``GEMMA4``."""
+    o = _opts(GEMMA4, kw)
+    path = Path(path)
+    w = _Writer(path, "gemma4", o["seed"], o["tokenizer_from"])
+    d, n_layer, per = o["n_embd"], o["n_layer"], o["n_embd_per_layer"]
+    swa = [(i + 1) % o["swa_period"] != 0 for i in range(n_layer)]
+    n_kv_layers = n_layer - o["shared_kv_layers"]
+    kv_heads = [o["n_head_kv_swa"] if s else o["n_head_kv_full"] for s in swa]
+    _common(w, o)
+    w.u32("feed_forward_length", o["n_ff"])
+    w.u32("attention.head_count", o["n_head"])
+    w.arr("attention.head_count_kv", kv_heads)
+    w.u32("attention.key_length", o["head_dim"])
+    w.u32("attention.value_length", o["head_dim"])
+    w.u32("attention.key_length_swa", o["head_dim_swa"])
+    w.u32("attention.value_length_swa", o["head_dim_swa"])
+    w.u32("rope.dimension_count", o["head_dim"])
+    w.u32("rope.dimension_count_swa", o["head_dim_swa"])
+    w.f32("rope.freq_base_swa", 10000.0)
+    w.u32("attention.sliding_window", o["sliding_window"])
+    w.arr("attention.sliding_window_pattern", swa, w.gguf.GGUFValueType.BOOL)
+    w.u32("attention.shared_kv_layers", o["shared_kv_layers"])
+    w.u32("embedding_length_per_layer_input", per)
+    w.f32("final_logit_softcapping", 30.0)
+    moe = o["n_expert"] > 0
+    if moe:
+        w.u32("expert_count", o["n_expert"])
+        w.u32("expert_used_count", o["n_expert_used"])
+        w.u32("expert_feed_forward_length", o["n_ff_exp"])
+    w.embeddings(d)
+    if per:
+        emb = w.rng.standard_normal((w.n_vocab, per * n_layer)) * 0.5
+        w.w.add_tensor("per_layer_token_embd.weight", emb.astype(np.float16))
+        w.rand("per_layer_model_proj.weight", d, per * n_layer)
+        w.ones("per_layer_proj_norm.weight", per)
+    w.ones("output_norm.weight", d)
+    w.ones("rope_freqs.weight", o["head_dim"] // 2)
+    for i in range(n_layer):
+        b = f"blk.{i}"
+        hd = o["head_dim_swa"] if swa[i] else o["head_dim"]
+        w.ones(f"{b}.attn_norm.weight", d)
+        w.rand(f"{b}.attn_q.weight", d, hd * o["n_head"])
+        if i < n_kv_layers:
+            w.rand(f"{b}.attn_k.weight", d, hd * kv_heads[i])
+            w.rand(f"{b}.attn_v.weight", d, hd * kv_heads[i])
+            w.ones(f"{b}.attn_k_norm.weight", hd)
+        w.rand(f"{b}.attn_output.weight", hd * o["n_head"], d)
+        w.ones(f"{b}.attn_q_norm.weight", hd)
+        w.ones(f"{b}.post_attention_norm.weight", d)
+        w.const(f"{b}.layer_output_scale.weight", 1.0, 1)
+        w.ones(f"{b}.ffn_norm.weight", d)
+        w.rand(f"{b}.ffn_gate.weight", d, o["n_ff"])
+        w.rand(f"{b}.ffn_up.weight", d, o["n_ff"])
+        w.rand(f"{b}.ffn_down.weight", o["n_ff"], d)
+        w.ones(f"{b}.post_ffw_norm.weight", d)
+        if moe:
+            n_e, ff_e = o["n_expert"], o["n_ff_exp"]
+            w.rand(f"{b}.ffn_gate_inp.weight", d, n_e)
+            w.ones(f"{b}.ffn_gate_inp.scale", d)
+            w.ones(f"{b}.pre_ffw_norm_2.weight", d)
+            w.ones(f"{b}.post_ffw_norm_1.weight", d)
+            w.ones(f"{b}.post_ffw_norm_2.weight", d)
+            w.rand(f"{b}.ffn_gate_exps.weight", d, ff_e, n_e)
+            w.rand(f"{b}.ffn_up_exps.weight", d, ff_e, n_e)
+            w.rand(f"{b}.ffn_down_exps.weight", ff_e, d, n_e)
+        if per:
+            w.rand(f"{b}.inp_gate.weight", d, per)
+            w.rand(f"{b}.proj.weight", per, d)
+            w.ones(f"{b}.post_norm.weight", d)
+    return w.close()
+
+
 # ------------------------------------------------------------------------------------------------- cache
-WRITERS = {"qwen35": write_qwen35, "qwen35moe": write_qwen35moe, "lfm2": write_lfm2}
+WRITERS = {"qwen35": write_qwen35, "qwen35moe": write_qwen35moe, "lfm2": write_lfm2, "nemotron_h": write_nemotron_h,
+           "granitehybrid": write_granitehybrid, "gemma4": write_gemma4}
 _CACHE: dict[tuple, Path] = {}
 
 
