@@ -22,7 +22,7 @@ vendor="$SRC_DIR/llama_cpp_python-$LCP_VERSION/vendor/llama.cpp"
 
 if [ ! -f "$tarball" ]; then
     mkdir -p "$SRC_DIR"
-    "$PIP" download --no-binary :all: --no-deps "llama-cpp-python==$LCP_VERSION" -d "$SRC_DIR"
+    "$PIP" download --no-binary llama-cpp-python --no-deps "llama-cpp-python==$LCP_VERSION" -d "$SRC_DIR"
 fi
 if [ ! -f "$vendor/CMakeLists.txt" ]; then
     tar xzf "$tarball" -C "$SRC_DIR"

@@ -95,7 +95,7 @@ def _ctx_reason(p: Plan, trained: int, cap: int, *, longer: bool = False) -> str
     else:
         why = (f"the longest whose KV cache stays within {KV_SHARE_MAX:.0%} of the {where} budget "
                f"(trained for {trained})")
-    return f"context {p.n_ctx} tokens per sequence (chosen: {why}); KV cache {_gib(p.kv_cache_bytes)}"
+    return f"context {p.n_ctx} tokens per sequence (chosen: {why})"  # the KV cache's size is its own reason
 
 
 def _plan_at_ctx(
