@@ -59,7 +59,9 @@ def test_budget_zero_closes_at_once_and_natural_close_needs_no_forcing():
     assert run(budget(0), [0]) == [NL, CLOSE, NL, 0]
     ctl = budget(5)
     assert run(ctl, [0, 2, 3, 4, 0, 0, 0, 0, 0]) == [0, 2, 3, 4, 0, 0, 0, 0, 0]  # "</" "think" ">" closes it
-    assert ctl.state == "answer" and not ctl.forcing and ctl.mask() is None  # the model's own close: no ban
+    assert ctl.state == "answer" and not ctl.forcing
+    m = ctl.mask()  # the model's own close: the close tag is left alone, the open tag is banned
+    assert m[CLOSE] and not m[7]
 
 
 def test_budget_counts_only_after_the_model_opens_the_block():
@@ -82,6 +84,42 @@ def test_no_close_tag_in_the_answer():
     assert not m[4] and m[0]  # ">" would complete it
     masks = tag_ban_masks(ToyVocab(), b"</think>")
     assert len(masks) == len(b"</think>") and not masks[6][9]  # "</thin" + "k>" completes it
+
+
+def test_no_second_thinking_block_in_the_answer():
+    """Once the block is closed (forced or by the model) the answer cannot open another: "<think>" whole, or
+    completed after a partial tag, is masked. A thinking request without a budget gets the control too."""
+    ctl = budget(1)
+    assert run(ctl, [0, 1]) == [0, NL, CLOSE, NL, 1]
+    assert not ctl.mask()[7] and ctl.mask()[0]
+    ctl = build_control(ToyVocab(), SamplingParams(think_open="<think>", think_close="</think>",
+                                                   starts_in_thinking=True))
+    assert isinstance(ctl, ReasoningBudget) and ctl.forced() is None and ctl.mask() is None  # thinking: free
+    assert run(ctl, [0, CLOSE, 1]) == [0, CLOSE, 1]
+    assert not ctl.mask()[7] and ctl.mask()[CLOSE]
+
+
+def test_harmony_keeps_its_later_analysis_messages():
+    """gpt-oss writes several messages per reply: after its own <|end|> another analysis message is allowed;
+    after a forced close neither tag is."""
+    pieces = [b"<|channel|>", b"analysis", b"<|message|>", b"<|end|>", b"x"]
+
+    class Vocab:
+        n_vocab = len(pieces)
+
+        def token_bytes(self, t: int, special: bool = False) -> bytes:
+            return pieces[t]
+
+        def tokenize(self, text: str, **kw) -> list[int]:
+            return [3]
+
+    p = SamplingParams(think_open="<|channel|>analysis<|message|>", think_close="<|end|>")
+    ctl = build_control(Vocab(), p)
+    assert run(ctl, [0, 1, 2, 4, 3, 0, 1]) == [0, 1, 2, 4, 3, 0, 1]
+    assert ctl.mask() is None or ctl.mask()[2]
+    forced = build_control(Vocab(), SamplingParams(reasoning_budget=0, think_open=p.think_open, think_close="<|end|>",
+                                                   starts_in_thinking=True))
+    assert run(forced, [0, 1]) == [3, 0, 1] and not forced.mask()[2] and not forced.mask()[3]
 
 
 def test_budget_needs_a_close_marker():

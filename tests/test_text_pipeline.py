@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from localrun.backends.base import Message, SamplingParams
+from localrun.backends.base import Message, SamplingParams, TokenLogprob
 from localrun.backends.dry import breaker_ids, dry_penalties
-from localrun.backends.text import LoopDetector, TextStream
+from localrun.backends.text import LogprobRelease, LoopDetector, TextStream
 
 
 def _push_all(stream: TextStream, pieces, eog_last: bool = False):
@@ -50,6 +50,59 @@ def test_finish_reasons_eog_max_tokens_context():
     assert _push_all(s, [b"a", b"b", b"c"])[1] == "length" and s.text == "ab"
     s = TextStream(SamplingParams(), n_ctx=100)
     assert s.push(7, b"x", eog=False, n_ctx_used=99) == ("x", "length")
+
+
+# a thinking reply as a QwQ-style template gets it: the prompt opened the block, the budget's forced close
+THOUGHT = [b"The", b" first", b" idea", b"\n</", b"think", b">\n\n", b"The", b" first", b" answer"]
+IN_THINKING = {"think_open": "<think>", "think_close": "</think>", "starts_in_thinking": True}
+
+
+def test_stop_strings_apply_to_the_answer_only():
+    """A stop string neither cuts the thinking nor matches the close marker (or the blank space after it) that
+    the engine writes itself; in the answer it cuts as always."""
+    for stop in (["first"], ["</think>"], ["</"], ["think>"], ["\n"]):
+        s = TextStream(SamplingParams(stop=stop, **IN_THINKING), n_ctx=100)
+        out, finish = _push_all(s, THOUGHT)
+        if stop == ["first"]:
+            assert finish == "stop" and s.text == "The first idea\n</think>\n\nThe ", s.text
+        else:
+            assert finish is None and "".join(out) == b"".join(THOUGHT).decode(), stop
+    plain = TextStream(SamplingParams(stop=["first"]), n_ctx=100)  # no thinking: the whole text is the answer
+    assert _push_all(plain, THOUGHT)[1] == "stop" and plain.text == "The "
+
+
+def test_a_block_the_model_opens_itself_is_not_searched_either():
+    params = SamplingParams(stop=["<", "x"], think_open="<think>", think_close="</think>")
+    s = TextStream(params, n_ctx=100)
+    out, finish = _push_all(s, [b"\n", b"<th", b"ink>", b"x<y", b"</think>", b"\n", b"ax", b"b"])
+    assert finish == "stop" and s.text == "\n<think>x<y</think>\na"
+    s = TextStream(params, n_ctx=100)  # no block: the reply is the answer from its first character
+    out, finish = _push_all(s, [b"\n", b"<b", b">x"])
+    assert out == ["", "\n"] and finish == "stop" and s.text == "\n"  # "<" was held, never shown
+
+
+def _entries(pieces):
+    return [TokenLogprob(token=p.decode("utf-8", errors="replace"), logprob=-1.0, bytes=list(p)) for p in pieces]
+
+
+def test_logprobs_come_with_the_text_they_belong_to():
+    """Each chunk carries the entries of the tokens whose text it shows: while a stop string holds text back
+    its tokens wait, a token partly shown at the end comes with the last chunk, a matched stop string's own
+    tokens are dropped; so the entries are in order and spell the reply."""
+    pieces = [b" The", b" capital", b" is", b" P", b"ar", b"is", b" city"]
+    s, release, chunks = TextStream(SamplingParams(stop=["Paris", "ci"]), n_ctx=100), LogprobRelease(), []
+    for i, (piece, entry) in enumerate(zip(pieces, _entries(pieces))):
+        text, finish = s.push(i, piece, eog=False, n_ctx_used=i)
+        chunks.append((text, [e.token for e in release.push(text, [entry], final=finish is not None)]))
+        if finish:
+            break
+    assert chunks == [(" The", [" The"]), (" capital", [" capital"]), (" is", [" is"]), (" ", []), ("", []),
+                      ("", [" P"])] and s.text == " The capital is "
+    snow = "☃".encode()  # a character split over two tokens: both entries come with it
+    release, s = LogprobRelease(), TextStream(SamplingParams(), n_ctx=100)
+    got = [release.push(s.push(i, p, eog=False, n_ctx_used=i)[0], _entries([p])) for i, p in
+           enumerate([b"a", snow[:2], snow[2:]])]
+    assert [[e.bytes for e in g] for g in got] == [[[97]], [list(snow[:2])], [list(snow[2:])]]
 
 
 def test_loop_detector_needs_three_copies_and_a_minimum_span():

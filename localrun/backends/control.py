@@ -23,8 +23,10 @@ An end-of-generation token the model samples still ends the generation as usual 
 Building controls from ``SamplingParams`` (``build_control(engine, params)``, called in the engines'
 ``start``/``generate``; None when the request needs none, so the plain path costs nothing):
 
-* ``params.reasoning_budget`` or ``params.end_thinking`` is not None → a ``ReasoningBudget`` (below;
-  ``end_thinking.is_set()`` spends the budget now: the chat's Ctrl-C while the model thinks);
+* ``params.reasoning_budget`` or ``params.end_thinking`` is not None, or the thinking markers are set
+  (``params.think_close``: a thinking request, whose answer must not open a second block) → a
+  ``ReasoningBudget`` (below; ``end_thinking.is_set()`` spends the budget now: the chat's Ctrl-C while the
+  model thinks; without a budget it only masks the markers in the answer);
 * ``params.constraint`` is not None → the constraint compiler, ``compiler(engine, constraint) -> TokenControl``:
   llguidance's (``constrain.control.token_control``, imported on the first constrained request; constrain/
   never imports this module back), or the one ``register_constraint_compiler`` set instead. It reads
@@ -121,7 +123,7 @@ def build_control(engine, params: SamplingParams) -> TokenControl | None:
     Raises BackendUnavailableError (a constraint and the compiler unset), LocalrunError (a budget
     without markers; whatever the constraint compiler raises)."""
     controls: list[TokenControl] = []
-    if params.reasoning_budget is not None or params.end_thinking is not None:
+    if params.reasoning_budget is not None or params.end_thinking is not None or params.think_close:
         controls.append(ReasoningBudget.for_engine(engine, params))
     if params.constraint is not None:
         if _compiler is None:
@@ -179,19 +181,25 @@ class ReasoningBudget:
       holds at most ``budget`` model tokens + ``len(close_tokens)``.
     * After a forced close, the close tag is banned (``tag_ban_masks``): the answer never contains it (a
       block the model closed itself is left alone: gpt-oss writes ``<|end|>`` after later messages too).
+    * Once the block is closed, by the model or forced, the open tag is banned the same way: the answer
+      never opens a second block (harmony, gpt-oss, is the exception where the model closed it: its reply
+      is several messages and a later analysis message is the format's own).
 
     ``close_tokens``: ``budget_close`` tokenized once with control-token parsing (a marker such as
     ``<|end|>`` becomes its token); ``pieces``: bytes of every token id (``vocab_pieces``).
     """
 
     def __init__(self, budget: int | None, close_tokens: list[int], think_open: bytes, think_close: bytes,
-                 starts_in_thinking: bool, pieces: Sequence[bytes], ban_masks: list, end_now=None) -> None:
+                 starts_in_thinking: bool, pieces: Sequence[bytes], ban_masks: list, end_now=None,
+                 open_ban_masks: list | None = None) -> None:
         self.budget = None if budget is None else max(0, int(budget))  # None: only ``end_now`` ends it
         self.end_now = end_now  # SamplingParams.end_thinking: once set, the budget counts as spent
         self.close_tokens = list(close_tokens)
         self.open_tag, self.close_tag = think_open, think_close
         self.pieces = pieces
         self.ban_masks = ban_masks
+        self.open_ban_masks = open_ban_masks  # tag_ban_masks of think_open; None: the open tag is not banned
+        self.harmony = think_open.startswith(b"<|channel|>")  # gpt-oss: several messages per reply
         self.state = "thinking" if starts_in_thinking else ("before" if think_open else "answer")
         self.n_thinking = 0  # model tokens emitted inside the block, tokens
         self.queue: list[int] = []  # forced tokens still to emit
@@ -206,8 +214,10 @@ class ReasoningBudget:
                                 hint="this model's template has no thinking block; send no budget")
         text = p.budget_close or close
         toks = engine.tokenize(text, add_special=False, parse_special=True)
-        return cls(p.reasoning_budget, toks, p.think_open.encode(), close.encode(), p.starts_in_thinking,
-                   vocab_pieces(engine), tag_ban_masks(engine, close.encode()), p.end_thinking)
+        opener = p.think_open.encode()
+        return cls(p.reasoning_budget, toks, opener, close.encode(), p.starts_in_thinking,
+                   vocab_pieces(engine), tag_ban_masks(engine, close.encode()), p.end_thinking,
+                   open_ban_masks=tag_ban_masks(engine, opener) if opener else None)
 
     def forced(self) -> int | None:
         if self.state == "thinking" and not self.forcing and self._spent():
@@ -219,13 +229,14 @@ class ReasoningBudget:
                 or (self.end_now is not None and self.end_now.is_set()))
 
     def mask(self) -> np.ndarray | None:
-        if self.state != "answer" or not self.forcing:
+        if self.state != "answer":
             return None
-        tail, tag = self.text, self.close_tag
-        out = self.ban_masks[0]
-        for k in range(1, min(len(tag) - 1, len(tail)) + 1):
-            if tail.endswith(tag[:k]):
-                out = out & self.ban_masks[k]
+        out = None
+        if self.forcing:
+            out = _ban(self.ban_masks, self.close_tag, self.text)
+        if self.open_ban_masks is not None and (self.forcing or not self.harmony):
+            ban = _ban(self.open_ban_masks, self.open_tag, self.text)
+            out = ban if out is None else out & ban
         return out
 
     def accept(self, token: int) -> None:
@@ -253,12 +264,22 @@ class ReasoningBudget:
             else:
                 self.text = _tail(self.text, len(self.close_tag) - 1)
             return
-        self.text = _tail(self.text + piece, len(self.close_tag) - 1)
+        self.text = _tail(self.text + piece, max(len(self.close_tag), len(self.open_tag)) - 1)
 
     def complete(self) -> bool:
         return False
 
 
+def _ban(masks: list, tag: bytes, tail: bytes):
+    """The allowed-token mask that keeps ``tag`` out of output whose last bytes are ``tail``
+    (``masks``: ``tag_ban_masks`` of ``tag``)."""
+    out = masks[0]
+    for k in range(1, min(len(tag) - 1, len(tail)) + 1):
+        if tail.endswith(tag[:k]):
+            out = out & masks[k]
+    return out
+
+
 def _tail(b: bytes, n: int) -> bytes:
     """The last ``n`` bytes of ``b`` (b"" for n <= 0)."""
-    return b[len(b) - n:] if n > 0 else b""
+    return b[max(0, len(b) - n):] if n > 0 else b""

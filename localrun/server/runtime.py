@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from localrun.backends.base import BatchEngine, Chunk, Message, SamplingParams, Stats
+from localrun.backends.text import LogprobRelease
 from localrun.errors import ContextOverflowError
 from localrun.server.errors import RequestError
 from localrun.server.scheduler import Job, Scheduler
@@ -248,12 +249,16 @@ class ServerState:
         raise ClientGone()
 
     async def chunks(self, job: Job, request: Request | None = None) -> AsyncIterator[Chunk]:
-        """The job's chunks up to the one with ``finish_reason``; cancels the job if abandoned."""
+        """The job's chunks up to the one with ``finish_reason``; cancels the job if abandoned. Each chunk's
+        ``logprobs`` are those of the tokens whose text it shows (``backends.text.LogprobRelease``: text a
+        stop string held back brings its tokens' entries along; a matched stop string's tokens have none)."""
+        release = LogprobRelease()
         try:
             while True:
                 kind, val = await (self._next(request, job) if request is not None else job.queue.get())
                 if kind == "error":
                     raise val
+                val.logprobs = release.push(val.text, val.logprobs, final=val.finish_reason is not None) or None
                 yield val
                 if val.finish_reason is not None:
                     return
