@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
         caps = capabilities(spec, spec.chat_template)
         info["capabilities"] = caps.to_dict()
         info["mmproj"] = projector_facts(path)
+        shards = getattr(spec, "shards", [])  # a split model's files (model.gguf_split.SplitModelSpec)
+        info["shards"] = [{"path": s.path, "file_bytes": s.file_bytes, "weights_complete": not s.truncated}
+                          for s in shards]
         if json_out:
             print_json(info)
             return
@@ -91,7 +94,8 @@ def register(app: typer.Typer) -> None:
                 f"{info['bos_token']['text']!r} ({spec.bos_token_id}) / "
                 f"{info['eos_token']['text']!r} ({spec.eos_token_id})",
             ),
-            ("file size", fmt_bytes(spec.file_bytes)),
+            ("file size", fmt_bytes(spec.file_bytes)
+             + (f" in {len(shards)} shards (a split model, read from its first)" if shards else "")),
             (
                 "weights",
                 "complete"

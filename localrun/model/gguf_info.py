@@ -20,6 +20,7 @@ from typing import Any
 
 from localrun.errors import ModelFormatError, ModelNotFoundError
 from localrun.model import header_cache
+from localrun.model.gguf_split import join_shards, split_count
 from localrun.model.spec import FILE_TYPES, GGML_TYPES, ModelSpec, TensorInfo, ggml_type_id, ggml_type_info
 
 __all__ = ["read_gguf", "file_status", "read_array_string", "ModelSpec", "TensorInfo", "GGML_TYPES", "FILE_TYPES",
@@ -148,7 +149,9 @@ class _Reader:
 
 
 def read_gguf(path: str | os.PathLike, *, all_arrays: bool = False) -> ModelSpec:
-    """Parse a GGUF file's header and tensor table — localrun's one GGUF metadata parser.
+    """Parse a GGUF file's header and tensor table — localrun's one GGUF metadata parser. A split model's
+    first shard (``NAME-00001-of-0000N.gguf``) gives the whole model: all its shards' headers, joined
+    (``localrun.model.gguf_split``).
 
     Reads only the header (a few MB at most for a 150k-token vocabulary); tensor data is never read.
     The vocabulary arrays (``tokenizer.ggml.tokens/scores/token_type/merges``) are kept only as counts
@@ -156,15 +159,26 @@ def read_gguf(path: str | os.PathLike, *, all_arrays: bool = False) -> ModelSpec
 
     Raises:
         ModelNotFoundError: ``path`` does not exist or is a directory.
-        ModelFormatError: not a GGUF file, an unsupported version, or a corrupt header.
+        ModelFormatError: not a GGUF file, an unsupported version, or a corrupt header; a split model given by
+            a later shard, or with a shard missing or from another model (the message names the shard).
     """
     p = Path(path)
     if not p.is_file():
         raise ModelNotFoundError(str(path))
     st = p.stat()
     if all_arrays:  # the full vocabulary: large, read once by the MLX loader; not worth keeping
-        return _read(p, st.st_size, all_arrays=True)
-    return _read_cached(str(p), st.st_size, st.st_mtime_ns)
+        first = _read(p, st.st_size, all_arrays=True)
+    else:
+        first = _read_cached(str(p), st.st_size, st.st_mtime_ns)
+    # a split GGUF is one model: its other shards' headers join the first's (each shard cached on its own)
+    return join_shards(first, read_shard) if split_count(first) > 1 else first
+
+
+def read_shard(path: str) -> ModelSpec:
+    """One file's own header, never joined with its shards (``gguf_split.join_shards`` reads each shard so).
+    Raises as ``read_gguf``."""
+    st = Path(path).stat()
+    return _read_cached(str(path), st.st_size, st.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=32)

@@ -75,6 +75,14 @@ def file_size(p: Path) -> int:
         return 0
 
 
+def model_size(p: Path) -> int:
+    """Bytes on disk of the model whose file (or split model's first shard) is ``p``: a split model's
+    shards found beside it, summed (``model.gguf_split.shard_files``); 0 when none can be read."""
+    from localrun.model.gguf_split import shard_files
+
+    return sum(file_size(q) for q in shard_files(p))
+
+
 def scan_store(models_dir: Path) -> list[LocalModel]:
     """GGUFs in localrun's own store, named by their pull sidecar when there is one."""
     from localrun.model.catalog import quant_from_filename
@@ -95,7 +103,7 @@ def scan_store(models_dir: Path) -> list[LocalModel]:
                 side = {}
         rel = p.relative_to(models_dir)
         name = side.get("name") or (rel.parts[0] if len(rel.parts) > 1 else p.stem)
-        size = side.get("size_bytes") if side.get("parts") else file_size(p)
+        size = side.get("size_bytes") if side.get("parts") else model_size(p)
         out.append(
             LocalModel(
                 name,
@@ -129,7 +137,7 @@ def scan_hf_cache(cache: Path | None = None) -> list[LocalModel]:
             seen.add(real)
             file = "/".join(p.relative_to(repo_dir).parts[2:])
             out.append(
-                LocalModel(repo, quant_from_filename(p.name), file_size(real), str(p), "huggingface", repo, file,
+                LocalModel(repo, quant_from_filename(p.name), model_size(p), str(p), "huggingface", repo, file,
                            read_only=True)
             )
     return out
@@ -190,7 +198,7 @@ def scan_lmstudio(roots: list[Path] | None = None) -> list[LocalModel]:
                 LocalModel(
                     name,
                     quant_from_filename(p.name),
-                    file_size(p),
+                    model_size(p),
                     str(p),
                     "lmstudio",
                     name if len(parts) >= 3 else None,
