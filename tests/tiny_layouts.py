@@ -9,7 +9,9 @@ tokens, BPE, ChatML template), so real text tokenizes. The weights are seeded no
 means nothing; token-level identity between two runs and llama.cpp's allocation log are what tests use.
 
 Every writer is ``write_<arch>(path: Path, **kw) -> Path``; the keywords override the module's defaults
-(e.g. ``n_layer=8``, ``n_ctx_train=4096``) and unknown keywords raise TypeError. ``cached_layout`` writes
+(e.g. ``n_layer=8``, ``n_ctx_train=4096``) and unknown keywords raise TypeError. ``tokenizer_from``: a GGUF to
+copy the tokenizer from (default SmolLM2's), or False for a header-only file (256 embedding rows, no
+tokenizer: fast to write, for tests that read the header alone; llama.cpp will not load it). ``cached_layout`` writes
 each (arch, keywords) once per test session under ``tmp_path_factory``.
 
 Numpy shapes are ggml's ``ne`` reversed: a tensor llama.cpp creates as ``{n_embd, n_vocab}`` is written as
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HEADER_ONLY_VOCAB = 256  # token_embd rows of a file written with tokenizer_from=False
 
 
 def smollm_gguf() -> Path:
@@ -64,10 +67,13 @@ class _Writer:
         self.path = path
         self.w.add_string("general.name", f"localrun-tiny-{arch}")
         self.w.add_uint32("general.file_type", 1)  # F32 norms and weights, F16 token embeddings
-        for key, val, vtype, sub in _tokenizer_kv(str(tokenizer_from or smollm_gguf())):
+        self.n_vocab = HEADER_ONLY_VOCAB
+        if tokenizer_from is False:  # header-only tests: no tokenizer (llama.cpp cannot load such a file)
+            return
+        kvs = _tokenizer_kv(str(tokenizer_from or smollm_gguf()))
+        for key, val, vtype, sub in kvs:
             self.w.add_key_value(key, val, vtype, sub)
-        self.n_vocab = len(next(v for k, v, _, _ in _tokenizer_kv(str(tokenizer_from or smollm_gguf()))
-                               if k == "tokenizer.ggml.tokens"))
+        self.n_vocab = len(next(v for k, v, _, _ in kvs if k == "tokenizer.ggml.tokens"))
 
     # header
     def u32(self, key: str, val: int) -> None:
@@ -388,7 +394,7 @@ def write_granitehybrid(path: Path, **kw) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------- gemma4
-GEMMA4 = dict(n_embd=128, n_layer=8, swa_period=4, shared_kv_layers=4, n_ff=256, n_head=4, n_head_kv_swa=2,
+GEMMA4 = dict(n_embd=128, n_layer=8, swa_period=4, shared_kv_layers=4, n_ff=256, n_head=4, n_head_kv_swa=4,
               n_head_kv_full=1, head_dim=64, head_dim_swa=32, sliding_window=128, n_embd_per_layer=16,
               n_expert=0, n_expert_used=0, n_ff_exp=64, n_ctx_train=4096, seed=0, tokenizer_from=None)
 

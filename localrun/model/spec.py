@@ -212,9 +212,23 @@ class ModelSpec:
         """MLA latent rank (DeepSeek-V2/V3), 0 when the model uses ordinary attention."""
         return int(self.meta(".attention.kv_lora_rank", 0) or 0)
 
+    @cached_property
+    def layers(self):
+        """Per-layer memory facts (``localrun.model.layers.LayerMemory``): which layers hold KV, with which
+        heads, which a recurrent state, and its size."""
+        from localrun.model.layers import layer_memory
+
+        return layer_memory(self)
+
     @property
     def is_recurrent(self) -> bool:
-        return self.meta(".ssm.state_size") is not None or self.arch in {"rwkv6", "rwkv7", "mamba", "mamba2"}
+        """Some layer keeps a recurrent state (Mamba, RWKV, or a hybrid's delta-net / SSM / short-conv layers)."""
+        return bool(self.layers.recurrent_layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Recurrent layers and attention layers both (Qwen3.5/3.6, Nemotron-H, Granite 4.0-H, LFM2, …)."""
+        return bool(self.layers.recurrent_layers) and bool(self.layers.kv_layers)
 
     @property
     def vocab_size(self) -> int:
@@ -356,6 +370,8 @@ class ModelSpec:
             "head_dim_v": self.head_dim_v,
             "sliding_window": self.sliding_window,
             "n_swa_layers": sum(self.swa_layers),
+            "n_kv_layers": len(self.layers.kv_layers),
+            "n_recurrent_layers": len(self.layers.recurrent_layers),
             "n_expert": self.n_expert,
             "n_expert_used": self.n_expert_used,
             "kv_lora_rank": self.kv_lora_rank,

@@ -79,7 +79,18 @@ class KvCache:
 
     @property
     def bytes(self) -> int:
+        """Attention KV and recurrent state together: what the cache costs in memory."""
         return sum(p.bytes for p in self.parts)
+
+    @property
+    def attn_bytes(self) -> int:
+        """The attention KV cache alone (llama.cpp's ``KV buffer size`` lines, summed)."""
+        return sum(p.bytes for p in self.parts if p.name != "recurrent")
+
+    @property
+    def recurrent_bytes(self) -> int:
+        """The recurrent state alone (llama.cpp's ``RS buffer size`` line): R + S, F32."""
+        return sum(p.bytes for p in self.parts if p.name == "recurrent")
 
     def layer_bytes(self, il: int) -> int:
         return sum(p.layer_bytes.get(il, 0) for p in self.parts)
@@ -105,71 +116,76 @@ def is_mla(spec: ModelSpec) -> bool:
 
 
 def kv_cache(spec: ModelSpec, n_ctx: int, *, n_parallel: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
-             swa_full: bool = False, kv_unified: bool = False, kv_type_v: str | None = None) -> KvCache:
-    """KV-cache bytes exactly as llama.cpp allocates them.
+             swa_full: bool = False, kv_unified: bool = False, kv_type_v: str | None = None,
+             flash_attn: bool | None = None, n_rs_seq: int = 0) -> KvCache:
+    """KV-cache and recurrent-state bytes exactly as llama.cpp allocates them.
 
-    Per layer (src/llama-kv-cache.cpp, constructor): K = ``ggml_row_size(type_k, n_embd_head_k × n_head_kv(il))
-    × kv_size × n_stream``, V likewise with ``n_embd_head_v`` (absent for MLA, whose V is a view of the
-    latent K: ``has_v = !is_mla``). ``n_stream`` = n_seq_max when the cache is not unified.
+    Which layers hold what comes from ``localrun.model.layers.layer_memory`` (hybrids: only the attention
+    layers hold KV; Gemma 4's shared-KV layers none; sliding layers their own head size).
+    Per KV layer (src/llama-kv-cache.cpp, constructor): K = ``ggml_row_size(type_k, n_embd_head_k(il) ×
+    n_head_kv(il)) × kv_size × n_stream``, V likewise with ``n_embd_head_v(il)`` (absent for MLA, whose V is a
+    view of the latent K: ``has_v = !is_mla``; padded to the largest layer's V width when the V cache is
+    transposed, i.e. ``flash_attn`` is False). ``n_stream`` = n_seq_max when the cache is not unified.
     kv_size = n_ctx_seq (src/llama-model.cpp create_memory). Sliding-window layers get their own cache
     (src/llama-kv-cache-iswa.cpp): ``GGML_PAD(min(size_base, n_swa × (unified ? n_seq_max : 1) + n_ubatch),
-    256)`` cells, or the full size with ``swa_full``. Recurrent models (Mamba, RWKV) keep a fixed state
-    per sequence instead (src/llama-memory-recurrent.cpp, F32).
+    256)`` cells, or the full size with ``swa_full``.
+    Recurrent layers (Mamba, Mamba-2, gated delta-net, short conv, RWKV) keep a fixed F32 state instead, the
+    part named "recurrent" (src/llama-memory-recurrent.cpp): R = n_embd_r and S = n_embd_s floats per layer
+    and row, ``max(1, n_seq_max) × (1 + n_rs_seq)`` rows — per sequence, not per token of context.
     """
+    from localrun.model.layers import layer_memory
+
     kv_type_v = kv_type_v or kv_type
     n_par = max(1, n_parallel)
     total, seq = context_cells(n_ctx, n_par, kv_unified=kv_unified)
     cache = KvCache(n_ctx_seq=seq, n_ctx_total=total)
-    if spec.is_recurrent and spec.meta(".attention.head_count") in (None, 0):
-        cache.parts.append(_recurrent_state(spec, n_par))
-        return cache
+    lm = layer_memory(spec)
     n_stream = 1 if kv_unified else n_par
     size_base = total if kv_unified else seq
-    swa = spec.swa_layers
     mla = is_mla(spec)
-    groups = {"kv": [il for il in range(spec.n_layer)]}
+    kv_layers = lm.kv_layers
+    groups = {"kv": kv_layers}
     sizes = {"kv": size_base}
-    if any(swa):
-        groups = {"kv_base": [il for il in range(spec.n_layer) if not swa[il]],
-                  "kv_swa": [il for il in range(spec.n_layer) if swa[il]]}
+    if any(lm.swa[il] for il in kv_layers):
+        groups = {"kv_base": [il for il in kv_layers if not lm.swa[il]],
+                  "kv_swa": [il for il in kv_layers if lm.swa[il]]}
         size_swa = size_base if swa_full else pad(
             min(size_base, spec.sliding_window * (n_par if kv_unified else 1) + n_ubatch), 256)
         sizes = {"kv_base": size_base, "kv_swa": size_swa}
-    heads = spec.n_head_kv_per_layer
-    dk, dv = spec.head_dim_k, spec.head_dim_v
+    v_width_max = max((lm.head_dim_v[il] * lm.n_head_kv[il] for il in range(lm.n_layer)), default=0)
     for name, layers in groups.items():
         cells = sizes[name]
         kb = vb = 0
         per: dict[int, int] = {}
         for il in layers:
-            hkv = heads[il] if il < len(heads) else spec.n_head_kv
-            if hkv == 0:
-                continue
-            k = type_row_bytes(kv_type, dk * hkv) * cells * n_stream
-            v = 0 if mla else type_row_bytes(kv_type_v, dv * hkv) * cells * n_stream
+            hkv = lm.n_head_kv[il]
+            k = type_row_bytes(kv_type, lm.head_dim_k[il] * hkv) * cells * n_stream
+            v_width = v_width_max if flash_attn is False else lm.head_dim_v[il] * hkv
+            v = 0 if mla else type_row_bytes(kv_type_v, v_width) * cells * n_stream
             per[il] = k + v
             kb += k
             vb += v
-        cache.parts.append(KvPart(name, cells, n_stream, per, kb, vb))
+        if layers or not lm.recurrent_layers:
+            cache.parts.append(KvPart(name, cells, n_stream, per, kb, vb))
+    if lm.recurrent_layers:
+        cache.parts.append(recurrent_state(spec, n_par, n_rs_seq=n_rs_seq))
     return cache
 
 
-def _recurrent_state(spec: ModelSpec, n_seq: int) -> KvPart:
-    """Mamba/RWKV state: r = n_embd_r, s = n_embd_s floats per layer and sequence (src/llama-hparams.cpp
-    n_embd_r/n_embd_s; src/llama-memory-recurrent.cpp allocates them F32, mem_size = n_seq_max)."""
-    if spec.arch.startswith("rwkv"):
-        n_embd = spec.n_embd
-        head = int(spec.meta(".wkv.head_size", 64) or 64)
-        shift = int(spec.meta(".token_shift_count", 2) or 2)
-        r, s = shift * n_embd, n_embd * head
-    else:
-        d_conv = int(spec.meta(".ssm.conv_kernel", 4) or 4)
-        d_inner = int(spec.meta(".ssm.inner_size", 2 * spec.n_embd) or 0)
-        d_state = int(spec.meta(".ssm.state_size", 16) or 16)
-        n_group = int(spec.meta(".ssm.group_count", 0) or 0)
-        r, s = (d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner
-    per = {il: (r + s) * 4 * n_seq for il in range(spec.n_layer)}
-    return KvPart("recurrent", 1, n_seq, per, r * 4 * n_seq * spec.n_layer, s * 4 * n_seq * spec.n_layer)
+def recurrent_state(spec: ModelSpec, n_seq: int, *, n_rs_seq: int = 0) -> KvPart:
+    """The recurrent layers' state (``llama_memory_recurrent``): per layer ``n_embd_r`` (R, the conv / token-
+    shift history) and ``n_embd_s`` (S, the SSM / delta-net / WKV state) F32 values per row, ``max(1, n_seq)
+    × (1 + n_rs_seq)`` rows (src/llama-memory-recurrent.cpp constructor; src/llama-hparams.cpp
+    n_embd_r/n_embd_s; ``n_rs_seq``: llama.cpp's per-sequence rollback snapshots, 0 by default).
+    ``k_bytes`` holds R, ``v_bytes`` S; ``cells`` is the rows per sequence."""
+    from localrun.model.layers import layer_memory
+
+    lm = layer_memory(spec)
+    rows = max(1, n_seq) * (1 + max(0, n_rs_seq))
+    r, s = lm.recurrent_row_bytes()
+    per = {il: (r + s) * rows for il in lm.recurrent_layers}
+    n = len(per)
+    return KvPart("recurrent", 1 + max(0, n_rs_seq), max(1, n_seq), per, r * rows * n, s * rows * n)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ class Plan:
     rss_bytes: int = 0  # predicted process RSS after load (compute buffers reserved but untouched)
     weights_gpu_bytes: int = 0
     weights_cpu_bytes: int = 0
-    kv_gpu_bytes: int = 0
+    kv_gpu_bytes: int = 0  # KV cache and recurrent state on the GPU(s)
+    recurrent_bytes: int = 0  # recurrent layers' state (R/S, F32, per sequence), besides kv_cache_bytes
     vram_budget_bytes: int = 0
     ram_budget_bytes: int = 0
     speed_source: str = ""
@@ -193,7 +194,8 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     ws = M.split_weights(spec, ngl, n_cpu_moe=n_cpu_moe)
     fa = flash_attention(kv_type, flash_attn, gpu is not None)
     kv_unified = kv_layout(n_parallel) if kv_unified is None else bool(kv_unified)
-    kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch, kv_unified=kv_unified)
+    kv = M.kv_cache(spec, n_ctx, n_parallel=n_parallel, kv_type=kv_type, n_ubatch=n_ubatch, kv_unified=kv_unified,
+                    flash_attn=fa)
     n_ctx_seq = kv.n_ctx_total // max(1, n_parallel) if kv_unified else kv.n_ctx_seq
     gpu_set = set(ws.gpu_layers)
     kv_gpu = sum(kv.layer_bytes(il) for il in gpu_set) if (gpu is not None and offload_kqv) else 0
@@ -263,7 +265,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
                 n_threads_batch=hw.cpu.physical_cores if hw is not None else None, kv_type=kv_type,
                 flash_attn=fa, use_mmap=use_mmap, offload_kqv=offload_kqv,
                 model=spec.name, quant=quant, n_layers=n_layer, weights_bytes=spec.tensor_bytes,
-                kv_cache_bytes=kv.bytes, compute_bytes=compute, vram_bytes=vram,
+                kv_cache_bytes=kv.attn_bytes, compute_bytes=compute, vram_bytes=vram,
                 ram_bytes=anon + page_cache - disk_backed, disk_backed_bytes=disk_backed,
                 prefill_tok_s=prefill, decode_tok_s=decode, fits=fits)
     plan.n_cpu_moe = n_cpu_moe
@@ -289,6 +291,7 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     plan.weights_gpu_bytes = ws.gpu_bytes
     plan.weights_cpu_bytes = ws.cpu_bytes
     plan.kv_gpu_bytes = kv_gpu
+    plan.recurrent_bytes = kv.recurrent_bytes
     plan.vram_budget_bytes = vram_budget
     plan.ram_budget_bytes = ram_for_host
     gpu_tiers = [t for k, t in tiers.items() if k.startswith("gpu")]
@@ -368,12 +371,18 @@ def _reasons(plan: Plan, spec, hw, gpu, ws, kv, tiers, unified: bool) -> list[st
         if plan.n_cpu_moe:
             r.append(f"MoE experts of the first {plan.n_cpu_moe} layers stay on the CPU "
                      f"({_gib(ws.cpu_expert_bytes)}); attention and dense weights go to the GPU first")
+    attn = [p for p in kv.parts if p.name != "recurrent"]
     cells = ", ".join(f"{p.cells} cells × {p.n_layers} layers" + (" (SWA)" if p.name == "kv_swa" else "")
-                      for p in kv.parts)
+                      for p in attn)
     layout = (f"one pool shared by {plan.n_parallel} sequences" if plan.kv_unified and plan.n_parallel > 1
               else f"{plan.n_parallel} sequence(s), one stream each")
-    r.append(f"KV cache {_gib(kv.bytes)} ({plan.kv_type}; {cells}; {layout}; a sequence grows to {plan.n_ctx} "
-             "tokens)")
+    if attn:
+        r.append(f"KV cache {_gib(kv.attn_bytes)} ({plan.kv_type}; {cells}; {layout}; a sequence grows to "
+                 f"{plan.n_ctx} tokens)")
+    rs = next((p for p in kv.parts if p.name == "recurrent"), None)
+    if rs is not None:
+        r.append(f"recurrent state {_gib(rs.bytes)} (F32: {rs.n_layers} recurrent layers × {plan.n_parallel} "
+                 f"sequence(s); R {_gib(rs.k_bytes)} + S {_gib(rs.v_bytes)}; fixed, not growing with the context)")
     if plan.page_cache_bytes or plan.disk_backed_bytes:
         r.append(f"{_gib(ws.cpu_bytes)} of weights on the CPU are mmapped (page cache, reclaimable)")
     if plan.disk_backed_bytes:
