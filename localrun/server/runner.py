@@ -23,11 +23,14 @@ request does not abort it. It never opens an RPC connection itself: a worker ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from typing import Callable
 
@@ -287,19 +290,56 @@ def wait_first_ready(sup: Supervisor, poll_s: float = 0.2) -> bool:
 def run_front(argv_for: Callable[[int], list[str]], workers: list[str], host: str, port: int, *,
               log_level: str = "info", env: dict | None = None, on_ready: Callable[[], None] | None = None) -> int:
     """Start the runner, wait until it is ready (then call ``on_ready``), then serve the front on
-    ``host:port`` until SIGINT/SIGTERM; the runner is stopped on the way out. Returns the exit status: the
-    runner's when it failed to start (its error is on stderr already), else 0."""
+    ``host:port`` until SIGINT/SIGTERM; the runner is stopped on the way out, before the front exits (also
+    when the signal comes while the runner still loads). Returns the exit status: the runner's when it failed
+    to start (its error is on stderr already), else 0; after SIGTERM the process ends by that signal (as
+    `serve` without --rpc), once the runner has stopped. Must run in the main thread for SIGTERM's part."""
     import uvicorn
 
     sup = Supervisor(argv_for, workers, env=env)
-    sup.spawn()
+    terminated = False
+    with _sigterm_raises():
+        try:
+            sup.spawn()
+            if not wait_first_ready(sup):
+                rc = sup.proc.poll() if sup.proc is not None else None
+                return rc if rc else 1
+            if on_ready is not None:
+                on_ready()
+            uvicorn.run(create_front(sup), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=1)
+            return 0
+        except _Terminated:
+            terminated = True
+            return 128 + signal.SIGTERM
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the runner's stop
+            sup.stop()
+            if terminated:  # the runner is gone: now end by the signal, as `serve` without --rpc does
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.raise_signal(signal.SIGTERM)
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the front (``_sigterm_raises``)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While the front runs, SIGTERM raises ``_Terminated`` in the main thread, so ``run_front``'s ``finally``
+    stops the runner. Without it the runner outlived the front: SIGTERM's default action ends a process
+    without unwinding, and uvicorn, which handles SIGTERM while it serves, re-raises it once it has shut
+    down (uvicorn/server.py ``capture_signals``: ``signal.raise_signal`` with the handler found before it
+    started), so the front died inside ``uvicorn.run`` and the runner went on under PID 1."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        if not wait_first_ready(sup):
-            rc = sup.proc.poll() if sup.proc is not None else None
-            return rc if rc else 1
-        if on_ready is not None:
-            on_ready()
-        uvicorn.run(create_front(sup), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=1)
-        return 0
+        yield
     finally:
-        sup.stop()
+        signal.signal(signal.SIGTERM, previous)
