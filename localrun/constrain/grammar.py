@@ -84,6 +84,8 @@ def check(c: Constraint, tokenizer=None) -> str:
     is_error, msgs = llguidance().LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
     if is_error:
         raise explain(c, msgs[0] if msgs else "invalid grammar")
+    if c.kind == "json_schema" and isinstance(c.source, dict) and bad_pattern(c.source) is not None:
+        raise explain(c, "regex")  # a pattern Rust's regex crate reads but JSON Schema's dialect refuses (^+)
     return grammar
 
 
@@ -153,7 +155,8 @@ def strict_schema(schema):
 
 def bad_pattern(schema) -> tuple[str, str, str] | None:
     """The first ``pattern`` in ``schema`` (or ``patternProperties`` key) that is not a regex llguidance
-    takes (Rust ``regex`` syntax) → (JSON Pointer, the pattern, llguidance's reason); None when all are."""
+    takes (Rust ``regex`` syntax) or that repeats nothing (``_repeats_nothing``) → (JSON Pointer, the
+    pattern, the reason); None when all are valid."""
     M = llguidance().LLMatcher
     found = [(p, "pattern") for p in keyword_paths(schema, "pattern")]
     found += [(p, "patternProperties") for p in keyword_paths(schema, "patternProperties")]
@@ -171,6 +174,22 @@ def bad_pattern(schema) -> tuple[str, str, str] | None:
                 why = " ".join((msgs[0] if msgs else "invalid").split())
                 why = re.split(r" \d+ \| ", why.rsplit("error: ", 1)[-1])[0]  # the reason, not the echo
                 return where, pat, why[:200]
+            why = _repeats_nothing(pat)
+            if why:
+                return where, pat, why
+    return None
+
+
+def _repeats_nothing(pattern: str) -> str | None:
+    """Why ``pattern`` is no regex in JSON Schema's dialect (ECMA-262) though Rust's ``regex`` crate reads it:
+    a quantifier with nothing to repeat (``^+``, ``(*a)``) or on another quantifier (``a**``), which Rust
+    takes as something else (``^+`` as ``^``) and ECMAScript refuses. Python's ``re`` parser gives
+    ECMAScript's verdict on these two errors (its other errors are its own dialect's, ignored). None: fine."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        if e.msg in ("nothing to repeat", "multiple repeat"):
+            return f"{e.msg} at position {e.pos}"
     return None
 
 
