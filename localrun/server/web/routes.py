@@ -1,5 +1,6 @@
 """The web page's routes: ``/ui`` and ``/ui/`` (the page), ``/ui/static/NAME`` (its script, style and icon files, from
-``static/`` in the package) and ``/ui/api/plan?model=NAME`` (how the model would load here: ``plan.py``).
+``static/`` in the package) and ``/ui/api/plan?model=NAME`` (how the model would load here, and whether it can
+chat: ``plan.py``).
 
 Every page response carries a strict Content-Security-Policy (``CSP``): scripts, styles and requests only
 from the server's own origin, no inline script, no plugins, no framing; the page renders model text as text
@@ -60,12 +61,14 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             planned = r.planned
             p = r.state.options.plan
             body = plan_summary(r.model_id, key, p, fits=True, reasons=planned.reasons if planned else [],
-                                hardware=r.state.options.hardware, resident=True)
+                                hardware=r.state.options.hardware, resident=True,
+                                chat_template=bool(r.state.engine.has_chat_template))
         elif reg.loader is None:
             raise ModelNotFoundError(model or key, hint="this server serves only the models it was started with")
         else:
             planned = await run_in_threadpool(reg.loader.plan, key, None, reg.residency.used().vram_by_gpu)
             fits = planned.fits and reg.residency.budget.fits(planned.need, 1)
             body = plan_summary(model or key, key, planned.plan, fits=fits, reasons=planned.reasons,
-                                hardware=planned.hardware, resident=False)
+                                hardware=planned.hardware, resident=False,
+                                chat_template=getattr(planned.prepared, "has_chat_template", None))
         return JSONResponse(body)

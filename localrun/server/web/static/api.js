@@ -46,15 +46,21 @@
     return asking;
   }
 
-  // fetch(path) with the key; a 401 asks for the key and tries once more. Throws ApiError for other errors
-  // (the server's message) unless opts.raw.
+  // fetch(path) with the key; a 401 asks for the key and tries once more. Throws Unreachable when no answer
+  // came, ApiError for other errors (the server's message) unless opts.raw.
   async function request(path, opts) {
     opts = Object.assign({}, opts || {});
     const raw = opts.raw;
     delete opts.raw;
     for (let attempt = 0; ; attempt++) {
       const init = Object.assign({}, opts, { headers: headers(opts.headers) });
-      const resp = await fetch(path, init);
+      let resp;
+      try {
+        resp = await fetch(path, init);
+      } catch (e) {
+        if (e.name === "AbortError") throw e;
+        throw new Unreachable();
+      }
       if (resp.status === 401 && attempt < 2) {
         const had = !!sessionStorage.getItem(KEY);
         sessionStorage.removeItem(KEY);
@@ -62,6 +68,14 @@
       }
       if (!resp.ok && !raw) throw await ApiError.from(resp);
       return resp;
+    }
+  }
+
+  // the browser got no answer at all (fetch's "Failed to fetch"): the server is down or the network is
+  class Unreachable extends Error {
+    constructor() {
+      super("The server at " + location.host + " is not answering: is `localrun serve` still running?");
+      this.name = "Unreachable";
     }
   }
 
@@ -111,13 +125,17 @@
     if (buf) onLine(buf);
   }
 
-  // Server-Sent Events: onData(object) for each "data:" event but [DONE]
-  function sse(resp, onData) {
-    return lines(resp, (line) => {
+  // Server-Sent Events: onData(object) for each "data:" event but [DONE]; → whether [DONE] came (false: the
+  // stream ended early, e.g. the connection dropped)
+  async function sse(resp, onData) {
+    let done = false;
+    await lines(resp, (line) => {
       if (!line.startsWith("data:")) return;
       const data = line.slice(5).trim();
-      if (data && data !== "[DONE]") onData(JSON.parse(data));
+      if (data === "[DONE]") done = true;
+      else if (data) onData(JSON.parse(data));
     });
+    return done;
   }
 
   function ndjson(resp, onObj) {
@@ -140,5 +158,5 @@
     return out;
   }
 
-  LR.api = { request, json, sse, ndjson, prometheus, askKey, ApiError };
+  LR.api = { request, json, sse, ndjson, prometheus, askKey, ApiError, Unreachable };
 })();

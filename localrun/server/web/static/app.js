@@ -1,5 +1,7 @@
 // The page's wiring: the conversation list, the composer (images pasted, dropped or picked for a model that
-// takes them), the drawer (models, settings, server), export and import, and the start-up.
+// takes them), the drawer (models, settings, server: opening it moves the focus into it, Escape or ✕ closes
+// it and gives the focus back), the settings' checks, export and import, the keys (Escape also stops an
+// answer), and the start-up.
 "use strict";
 (function () {
   const LR = (window.LR = window.LR || {});
@@ -38,24 +40,47 @@
     }
   }
 
+  const OPENERS = { models: "btn-models", settings: "btn-settings", server: "btn-server" };
+
+  // the element of the open pane that takes the focus: the picked (else the first) model, the system prompt,
+  // or the close button
+  function paneFocus(which) {
+    if (which === "models")
+      return $("model-list").querySelector(".model-item.picked") || $("model-list").querySelector(".model-item")
+        || $("pull-name");
+    return which === "settings" ? $("set-system") : $("drawer-close");
+  }
+
   function openDrawer(which) {
     const d = $("drawer");
     const same = !d.hidden && d.dataset.pane === which;
-    closeDrawer();
+    closeDrawer(same);
     if (same) return;
     d.hidden = false;
     d.dataset.pane = which;
     $("pane-" + which).hidden = false;
     $("drawer-title").textContent = { models: "Models", settings: "Settings", server: "Server" }[which];
     document.body.classList.add("drawer-open");
-    $({ models: "btn-models", settings: "btn-settings", server: "btn-server" }[which]).setAttribute("aria-pressed", "true");
-    if (which === "models") LR.models.refresh();
+    $(OPENERS[which]).setAttribute("aria-pressed", "true");
     if (which === "server") LR.panel.start();
     if (which === "settings") fillSettings();
+    paneFocus(which).focus();
+    if (which === "models") {
+      LR.models.refresh().then(() => {
+        // the list came after the pull box took the focus (no model was listed yet): the first model takes it
+        if (d.dataset.pane === "models" && document.activeElement === $("pull-name") && !$("pull-name").value)
+          paneFocus("models").focus();
+      });
+    }
   }
 
-  function closeDrawer() {
+  // closes the drawer; the focus goes back to the button that opened it (unless `keepFocus`, or the focus
+  // is elsewhere already)
+  function closeDrawer(keepFocus) {
     const d = $("drawer");
+    const was = d.dataset.pane;
+    const inside = d.contains(document.activeElement) || document.activeElement === document.body;
+    if (was && !keepFocus && inside) $(OPENERS[was]).focus();
     d.hidden = true;
     delete d.dataset.pane;
     for (const p of d.querySelectorAll(".pane")) p.hidden = true;
@@ -69,7 +94,53 @@
     for (const k of SAMPLING) $("set-" + k).value = s[k] === undefined ? "" : s[k];
     $("set-extra").value = s.extra || "";
     $("set-system").value = LR.chat.state.conv ? LR.chat.state.conv.system || "" : "";
-    $("set-error").textContent = "";
+    showSettingsProblems();
+  }
+
+  const LABELS = { temperature: "Temperature", top_p: "Top p", max_tokens: "Max tokens", seed: "Seed" };
+
+  // what is wrong with the sampling setting `k` (its field's min and max; max tokens and seed whole
+  // numbers), "" when it is fine or empty
+  function samplingProblem(k) {
+    const v = LR.store.settings[k];
+    if (v === "" || v === null || v === undefined) return "";
+    const n = Number(v);
+    const input = $("set-" + k);
+    const lo = input.min === "" ? -Infinity : Number(input.min);
+    const hi = input.max === "" ? Infinity : Number(input.max);
+    if (!Number.isFinite(n)) return LABELS[k] + " must be a number.";
+    if ((k === "max_tokens" || k === "seed") && !Number.isInteger(n)) return LABELS[k] + " must be a whole number.";
+    if (n < lo || n > hi) {
+      const range = hi === Infinity ? "at least " + lo : "between " + lo + " and " + hi;
+      return LABELS[k] + " must be " + range + " (" + v + " is not).";
+    }
+    return "";
+  }
+
+  function extraProblem() {
+    const v = LR.store.settings.extra || "";
+    if (!v.trim()) return "";
+    try {
+      const o = JSON.parse(v);
+      if (!o || typeof o !== "object" || Array.isArray(o)) throw new Error("give a JSON object");
+      return "";
+    } catch (err) {
+      return "The extra request fields are not a JSON object: " + err.message;
+    }
+  }
+
+  // the first setting a request must not carry, in words ("" when all are fine)
+  function settingsProblem() {
+    for (const k of SAMPLING) {
+      const why = samplingProblem(k);
+      if (why) return why;
+    }
+    return extraProblem();
+  }
+
+  function showSettingsProblems() {
+    for (const k of SAMPLING) $("set-" + k).setAttribute("aria-invalid", samplingProblem(k) ? "true" : "false");
+    $("set-error").textContent = settingsProblem();
   }
 
   function bindSettings() {
@@ -77,21 +148,13 @@
       $("set-" + k).addEventListener("input", (e) => {
         LR.store.settings[k] = e.target.value;
         LR.store.saveSettings();
+        showSettingsProblems();
       });
     }
     $("set-extra").addEventListener("input", (e) => {
-      const v = e.target.value;
-      try {
-        if (v.trim()) {
-          const o = JSON.parse(v);
-          if (!o || typeof o !== "object" || Array.isArray(o)) throw new Error("give a JSON object");
-        }
-        $("set-error").textContent = "";
-      } catch (err) {
-        $("set-error").textContent = "Not a JSON object yet: " + err.message;
-      }
-      LR.store.settings.extra = v;
+      LR.store.settings.extra = e.target.value;
       LR.store.saveSettings();
+      showSettingsProblems();
     });
     $("set-system").addEventListener("input", (e) => {
       const c = LR.chat.state.conv;
@@ -220,9 +283,17 @@
     $("btn-models").addEventListener("click", () => openDrawer("models"));
     $("btn-settings").addEventListener("click", () => openDrawer("settings"));
     $("btn-server").addEventListener("click", () => openDrawer("server"));
-    $("drawer-close").addEventListener("click", closeDrawer);
+    $("drawer-close").addEventListener("click", () => closeDrawer());
+    // Escape: closes the drawer, else stops the answer being written (the key dialog handles its own)
     document.addEventListener("keydown", (e) => {
-      if (e.key === "Escape" && !$("drawer").hidden && !$("key-dialog").open) closeDrawer();
+      if (e.key !== "Escape" || e.isComposing || $("key-dialog").open) return;
+      if (!$("drawer").hidden) {
+        e.preventDefault();
+        closeDrawer();
+      } else if (LR.chat.state.busyIdx >= 0) {
+        e.preventDefault();
+        LR.chat.stop();
+      }
     });
     $("btn-send").addEventListener("click", sendFromComposer);
     $("btn-stop").addEventListener("click", LR.chat.stop);
@@ -246,10 +317,12 @@
       e.preventDefault();
       addImages(e.dataTransfer && e.dataTransfer.files);
     });
+    $("btn-attach").addEventListener("click", () => $("attach-file").click());
     $("attach-file").addEventListener("change", (e) => {
       addImages(e.target.files).finally(() => (e.target.value = ""));
     });
     $("btn-export").addEventListener("click", exportCurrent);
+    $("btn-import").addEventListener("click", () => $("import-file").click());
     $("import-file").addEventListener("change", importFile);
     bindSettings();
     LR.models.init();
@@ -261,6 +334,8 @@
   LR.app = {
     closeDrawer,
     openDrawer,
+    notice,
+    settingsProblem,
     onModels() {
       $("btn-attach").hidden = !visionModel();
     },
@@ -270,10 +345,10 @@
     },
     afterAnswer(conv, idx) {
       renderConversations();
-      // the model is resident now: its context size completes the numbers under the answer
+      // the model that answered is resident now: its context size completes the numbers under the answer
       LR.models.refresh().then(() => {
         const m = conv.messages[idx];
-        const model = LR.models.current();
+        const model = m && m.model ? LR.models.find(m.model) : null;
         if (m && m.stats && model && model.meta && model.meta.n_ctx && LR.chat.state.conv === conv) {
           m.stats.n_ctx = model.meta.n_ctx;
           LR.store.persist(conv);

@@ -2,7 +2,9 @@
 // from /v1/chat/completions (SSE, stream_options.include_usage for the token counts), thinking folded as
 // "Thought for N s", Stop (aborts the fetch: the server cancels the sequence when the client goes away),
 // edit-and-resend, regenerate, images (OpenAI image_url parts, for a model that takes them), and the numbers
-// under each answer (TTFT, tok/s, tokens, context, cache).
+// under each answer (the model that answered, TTFT, tok/s, tokens, context, cache). Each request names its
+// model (the header's: LR.models.current()); an answer that failed is kept on screen but left out of the
+// next requests with the question it answered, so the model never sees two user turns in a row.
 "use strict";
 (function () {
   const LR = (window.LR = window.LR || {});
@@ -30,7 +32,8 @@
     if (s.ttft_s !== undefined) parts.push("TTFT " + fmt(s.ttft_s, 2) + " s");
     if (s.tok_s) parts.push(fmt(s.tok_s) + " tok/s");
     if (s.completion_tokens !== undefined) parts.push(s.prompt_tokens + " + " + s.completion_tokens + " tokens");
-    if (s.n_ctx) parts.push("context " + fmt(s.prompt_tokens + s.completion_tokens, 0) + " / " + fmt(s.n_ctx, 0));
+    if (s.n_ctx && typeof s.prompt_tokens === "number" && typeof s.completion_tokens === "number")
+      parts.push("context " + fmt(s.prompt_tokens + s.completion_tokens, 0) + " / " + fmt(s.n_ctx, 0));
     if (s.prompt_tokens) parts.push("cache " + (s.cached_tokens || 0) + "/" + s.prompt_tokens + " reused");
     if (s.finish === "length") parts.push("cut at max tokens");
     return parts.join(" · ");
@@ -72,10 +75,19 @@
     }
     bubble.appendChild(content);
     if (live && !m.content && !m.thinking) bubble.appendChild(el("span", "cursor", "…"));
-    if (m.error) bubble.appendChild(el("p", "error", m.error));
+    if (m.error) {
+      bubble.appendChild(el("p", "error", m.error));
+      if (m.role === "assistant" && !live)
+        bubble.appendChild(el("p", "muted", "This answer and its question are left out of what the next question sends."));
+    }
     if (m.stopped) bubble.appendChild(el("p", "muted", "Stopped."));
     node.appendChild(bubble);
     const meta = el("div", "meta");
+    if (m.role === "assistant" && m.model) {
+      const tag = el("span", "model-tag", m.model);
+      tag.title = "the model that answered";
+      meta.appendChild(tag);
+    }
     if (m.role === "assistant" && m.stats) meta.appendChild(el("span", "stats", statsText(m.stats)));
     if (!live && state.busyIdx < 0) {
       const last = idx === state.conv.messages.length - 1;
@@ -119,19 +131,28 @@
     document.body.classList.toggle("busy", idx >= 0);
   }
 
-  // the request body: the conversation up to (not with) message `upto`, the settings, the extra fields
+  // message i failed, or is the question of an answer that failed: not sent again
+  function failed(msgs, i) {
+    const next = msgs[i + 1];
+    return !!(msgs[i].error || (msgs[i].role === "user" && next && next.role === "assistant" && next.error));
+  }
+
+  // the request body: the conversation up to (not with) message `upto` (less the failed exchanges), the
+  // model, the settings, the extra fields
   function body(upto) {
     const s = LR.store.settings;
     const msgs = [];
     if (state.conv.system) msgs.push({ role: "system", content: state.conv.system });
-    for (const m of state.conv.messages.slice(0, upto)) {
-      if (m.error) continue;
+    const upTo = state.conv.messages.slice(0, upto);
+    for (const [i, m] of upTo.entries()) {
+      if (failed(upTo, i)) continue;
       const images = (m.images || []).filter(isImage);
       msgs.push({ role: m.role, content: images.length ? [{ type: "text", text: m.content }]
         .concat(images.map((url) => ({ type: "image_url", image_url: { url } }))) : m.content });
     }
     const b = { messages: msgs, stream: true, stream_options: { include_usage: true } };
-    if (s.model) b.model = s.model;
+    const model = LR.models.current();
+    if (model) b.model = model.id;
     for (const k of ["temperature", "top_p", "max_tokens", "seed"]) {
       if (s[k] !== "" && s[k] !== null && s[k] !== undefined && !isNaN(Number(s[k]))) b[k] = Number(s[k]);
     }
@@ -155,7 +176,7 @@
     setBusy(idx);
     renderMessage(idx);
     const t0 = performance.now();
-    let tFirst = 0, tThink = 0, tLast = 0, usage = null, finish = null, frame = 0;
+    let tFirst = 0, tThink = 0, tLast = 0, usage = null, finish = null, frame = 0, ended = false;
     const redraw = () => {
       if (frame) return;
       frame = requestAnimationFrame(() => {
@@ -168,8 +189,9 @@
     try {
       const resp = await LR.api.request("/v1/chat/completions", { method: "POST", body: JSON.stringify(req),
         headers: { "Content-Type": "application/json" }, signal: state.controller.signal });
-      await LR.api.sse(resp, (ev) => {
+      ended = await LR.api.sse(resp, (ev) => {
         if (ev.error) throw new Error(ev.error.message || String(ev.error));
+        if (ev.model && !m.model) m.model = ev.model;
         if (ev.usage) usage = ev.usage;
         const ch = ev.choices && ev.choices[0];
         if (!ch) return;
@@ -191,9 +213,12 @@
         }
         redraw();
       });
+      if (!ended) m.error = "The connection to the server dropped before the answer finished.";
     } catch (e) {
       if (e.name === "AbortError") m.stopped = true;
+      else if (e.name === "TypeError") m.error = "The connection to the server dropped before the answer finished.";
       else m.error = e.message || String(e);
+      if (e.name === "Unreachable" || e.name === "TypeError") LR.models.refresh();
     } finally {
       if (frame) cancelAnimationFrame(frame);
       state.controller = null;
@@ -220,10 +245,18 @@
     return typeof url === "string" && /^data:image\/(png|jpeg|gif|webp|bmp);base64,/.test(url);
   }
 
+  // a setting the server would refuse (LR.app.settingsProblem): said in the notice, nothing is sent
+  function refused() {
+    const why = LR.app && LR.app.settingsProblem();
+    if (why) LR.app.notice(why + " Change it in Settings.");
+    return !!why;
+  }
+
   function send(text, images) {
-    if (state.busyIdx >= 0 || !text.trim()) return false;
+    if (state.busyIdx >= 0 || !text.trim() || refused()) return false;
     const c = state.conv;
-    c.model = LR.store.settings.model || c.model;
+    const model = LR.models.current();
+    c.model = model ? model.id : c.model;
     const m = { role: "user", content: text };
     if (images && images.length) m.images = images.slice();
     c.messages.push(m);
@@ -241,7 +274,7 @@
 
   function regenerate() {
     const c = state.conv;
-    if (state.busyIdx >= 0 || !c.messages.length) return;
+    if (state.busyIdx >= 0 || !c.messages.length || refused()) return;
     if (c.messages[c.messages.length - 1].role === "assistant") c.messages.pop();
     c.messages.push({ role: "assistant", content: "", pending: true });
     renderAll();
@@ -259,6 +292,7 @@
     const row = el("div", "row end");
     row.appendChild(button("Cancel", "Keep the message as it was", () => renderMessage(idx)));
     const go = button("Send", "Send the edited message", () => {
+      if (refused()) return;
       const c = state.conv;
       c.messages = c.messages.slice(0, idx);
       c.messages.push(Object.assign({}, m, { content: ta.value }));

@@ -1,11 +1,17 @@
 // The server panel: live numbers read from the endpoints programs use, every 2 s while the panel is open:
 // /api/ps (the resident models: slots, queue, KV cells, memory) and /metrics (Prometheus text: requests,
-// tokens, prefix-cache reuse, KV-tier hits, TTFT).
+// tokens, prefix-cache reuse, KV-tier hits, TTFT). "requests" counts the requests that asked a model for
+// something: localrun_requests_total less the endpoints that only read the server's state (READ_ONLY: this
+// panel's own polling, the model list, the page and its files, probes), counted apart as "status reads".
 "use strict";
 (function () {
   const LR = (window.LR = window.LR || {});
   const $ = (id) => document.getElementById(id);
   let timer = 0;
+  // endpoints (localrun_requests_total's "endpoint" label) that read state and ask no model for anything;
+  // "other" is every path the server does not name, the page's own files included
+  const READ_ONLY = new Set(["/metrics", "/api/ps", "/v1/models", "/api/tags", "/api/show", "/api/version", "/health", "/",
+    "/ui", "/ui/", "/ui/api/plan", "other"]);
 
   const el = LR.el;
 
@@ -39,7 +45,11 @@
     box.replaceChildren(
       stat("sequences running / slots", running + " / " + slots),
       stat("waiting", String(queued)),
-      stat("requests", String(sum(mx, "localrun_requests_total"))),
+      stat("requests", String(sum(mx, "localrun_requests_total", (l) => !READ_ONLY.has(l.endpoint))),
+        "requests that asked a model for something (chat, completions, embeddings, loads, pulls, …)"),
+      stat("status reads", String(sum(mx, "localrun_requests_total", (l) => READ_ONLY.has(l.endpoint))),
+        "requests that only read the server's state: this panel's polling of /api/ps and /metrics, model lists, "
+        + "the page's own files"),
       stat("tokens generated", String(sum(mx, "localrun_generated_tokens_total"))),
       stat("prompt tokens reused", prompt ? Math.round((100 * cached) / prompt) + "%" : "–", cached + " of " + prompt),
       stat("mean TTFT", ttftN ? (ttftS / ttftN).toFixed(2) + " s" : "–"),
