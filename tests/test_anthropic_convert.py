@@ -142,8 +142,8 @@ def test_system_turns_inside_messages_stay_in_order():
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a"}]}]},
      "(tool_use) name"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, "localrun reads"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "Anthropic's servers"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]},
+     "needs 'input_schema'"),
     ({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "greater than 0"),
     ({"max_tokens": 5, "messages": []}, "at least 1"),
 ])
@@ -151,6 +151,31 @@ def test_bad_requests_name_the_problem(body, needle):
     with pytest.raises(ValidationError) as ei:
         MessagesRequest.model_validate(body)
     assert needle in str(ei.value)
+
+
+def test_server_tools_are_left_out_and_a_strict_tool_is_marked(caplog):
+    """Anthropic's own tool types (web_search_…, code_execution_…, bash_…) are accepted and not shown to the
+    model, logged once; tool_choice naming one is a 400; ``strict: true`` reaches the constraint."""
+    from localrun.server.errors import RequestError
+
+    tools = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+             {"type": "code_execution_20250825", "name": "code_execution"},
+             {"name": "Read", "input_schema": {"type": "object"}, "strict": True}]
+    req = MessagesRequest.model_validate({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                          "tools": tools})
+    with caplog.at_level("INFO", logger="localrun.server"):
+        for _ in range(2):
+            out, choice = ac.tools_from_anthropic(req)
+    assert [t["function"]["name"] for t in out] == ["Read"] and out[0]["function"]["strict"] is True
+    assert choice == "auto"
+    assert sum("web_search" in r.getMessage() for r in caplog.records) == 1
+    only_hosted = MessagesRequest.model_validate({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                                  "tools": tools[:1]})
+    assert ac.tools_from_anthropic(only_hosted) == (None, None)
+    forced = MessagesRequest.model_validate({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                             "tools": tools, "tool_choice": {"type": "tool", "name": "web_search"}})
+    with pytest.raises(RequestError, match="Anthropic's servers"):
+        ac.tools_from_anthropic(forced)
 
 
 def _events():
@@ -226,14 +251,12 @@ def test_sse_framing():
     assert ac.sse_event("ping", {"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'
 
 
-def test_pings_fill_the_silences(monkeypatch):
-    """A reply that is slow to start (a long prefill) gets ping events meanwhile; the events themselves are
-    all delivered, in order."""
+def test_heartbeats_fill_the_silences():
+    """A reply that is slow to start (a long prefill) gets heartbeats meanwhile (every wing turns them into
+    its own event: server/heartbeat.py); the events themselves are all delivered, in order."""
     import asyncio
 
-    from localrun.server.anthropic import routes as anthropic_api
-
-    monkeypatch.setattr(anthropic_api, "PING_INTERVAL_S", 0.05)
+    from localrun.server.heartbeat import with_heartbeats
 
     async def slow():
         await asyncio.sleep(0.3)
@@ -241,7 +264,7 @@ def test_pings_fill_the_silences(monkeypatch):
         yield "b"
 
     async def run():
-        return [e async for e in anthropic_api._with_pings(slow())]
+        return [e async for e in with_heartbeats(slow(), interval_s=0.05)]
 
     got = asyncio.run(run())
     assert got[-2:] == ["a", "b"] and got[:-2] and set(got[:-2]) == {None}

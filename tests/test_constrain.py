@@ -38,20 +38,50 @@ PERSON = {"type": "object", "properties": {
     ({"$defs": {"x/y": {"propertyNames": {"pattern": "a"}}}, "$ref": "#/$defs/x~1y"}, "propertyNames",
      "/$defs/x~1y"),
 ])
-def test_unenforceable_keyword_is_named_with_its_path(schema, keyword, path):
+def test_unenforceable_keyword_is_named_with_its_path(schema, keyword, path, caplog):
+    """A strict schema is enforced exactly or refused, naming the keyword; any other is relaxed, logged once."""
     with pytest.raises(ConstraintError) as ei:
-        check(Constraint("json_schema", schema, param="response_format.json_schema.schema"))
+        check(Constraint("json_schema", schema, param="response_format.json_schema.schema", strict=True))
     e = ei.value
     assert (e.keyword, e.path, e.param) == (keyword, path, "response_format.json_schema.schema")
     assert f"'{keyword}'" in e.message and (path or "the schema root") in e.message
     status, body = error_info(e)
     assert status == 400 and body["error"]["param"] == "response_format.json_schema.schema"
     assert body["error"]["code"] == "unsupported_schema"
+    with caplog.at_level("INFO", logger="localrun.constrain"):
+        for _ in range(2):  # the same schema again (the next turn of an agent): no second line
+            assert check(Constraint("json_schema", schema, param="tools[f].function.parameters"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "localrun.constrain"]
+    assert len(lines) == 1 and "tools[f].function.parameters" in lines[0] and keyword in lines[0]
+
+
+def test_a_relaxed_schema_still_enforces_what_it_can_and_the_rest_is_checked_after(byte_tokenizer):
+    """propertyNames (Claude Code's TaskCreate) is left out of the grammar; the arguments are checked
+    against the whole schema afterwards; oneOf with overlapping branches becomes anyOf (Qwen Code)."""
+    from localrun.constrain.grammar import argument_errors
+
+    schema = {"type": "object", "properties": {"metadata": {"type": "object", "propertyNames": {"maxLength": 3}},
+                                               "n": {"type": "integer"}}, "required": ["n"]}
+    c = Constraint("json_schema", schema)
+    check(c)
+    for seed in range(5):  # the enforceable part still holds: every finished output has an integer n
+        ctl = GrammarControl(fresh_matcher(c, byte_tokenizer), 257)
+        out, finish = _walk(ctl, random.Random(seed), 300)
+        ctl.close()
+        if finish == "stop":
+            assert isinstance(json.loads(out)["n"], int)
+    assert argument_errors(schema, {"n": 1, "metadata": {"ab": 1}}) == []
+    assert argument_errors(schema, {"n": 1, "metadata": {"long-key": 1}})[0].startswith("/metadata:")
+    assert argument_errors(schema, {"n": "x"}) == ["/n: 'x' is not of type 'integer'"]
+    one_of = {"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "maxLength": 2}]}
+    with pytest.raises(ConstraintError, match="coerce_one_of|oneOf"):
+        check(Constraint("json_schema", one_of, strict=True))
+    check(Constraint("json_schema", one_of))
 
 
 def test_unknown_format_bad_regex_and_bad_kind_are_refused():
     with pytest.raises(ConstraintError, match="format 'colour' at /properties/c") as ei:
-        check(Constraint("json_schema", {"properties": {"c": {"type": "string", "format": "colour"}}}))
+        check(Constraint("json_schema", {"properties": {"c": {"type": "string", "format": "colour"}}}, strict=True))
     assert ei.value.keyword == "format" and ei.value.path == "/properties/c"
     with pytest.raises(ConstraintError, match="look-around"):
         check(Constraint("regex", "(?=a)b", param="regex"))
@@ -86,9 +116,12 @@ def test_request_fields_become_one_checked_constraint():
     with pytest.raises(RequestError) as ei:
         params(regex="a", json_schema={"type": "object"})
     assert ei.value.param == "regex"
+    # not strict: described, enforced as far as llguidance can (uniqueItems left out); strict: refused
+    assert params(json_schema={"type": "array", "uniqueItems": True}).constraint.kind == "json_schema"
     with pytest.raises(ConstraintError) as ei:
-        params(json_schema={"type": "array", "uniqueItems": True})
-    assert ei.value.param == "json_schema" and ei.value.keyword == "uniqueItems"
+        params(response_format={"type": "json_schema", "json_schema": {
+            "name": "u", "strict": True, "schema": {"type": "array", "uniqueItems": True}}})
+    assert ei.value.param == "response_format.json_schema.schema" and ei.value.keyword == "uniqueItems"
     assert cv.sampling_from_ollama(None, PERSON).constraint.param == "format"
     assert cv.sampling_from_ollama(None, "").constraint is None
 
@@ -112,12 +145,15 @@ def test_tool_call_grammars_compile_for_every_syntax(syntax):
         tool_call_constraint(syntax, TOOLS, "nope")
 
 
-def test_tool_parameters_that_cannot_be_enforced_are_named():
-    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "xs": {"type": "array", "uniqueItems": True}}}}}]
+def test_a_strict_tools_parameters_that_cannot_be_enforced_are_named():
+    bad = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}]
     with pytest.raises(ConstraintError) as ei:
         tool_call_constraint("hermes", bad, None)
     assert ei.value.keyword == "uniqueItems" and ei.value.path == "/properties/xs" and "tools[f]" in ei.value.param
+    del bad[0]["function"]["strict"]  # a tool that only describes: compiled leniently for every syntax
+    for syntax in ("hermes", "llama3", "mistral", "deepseek", "harmony", "generic"):
+        check(tool_call_constraint(syntax, bad, None))
 
 
 # ---------------------------------------------------------------------------------------------- a byte vocab

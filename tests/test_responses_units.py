@@ -49,7 +49,7 @@ def test_encrypted_reasoning_round_trips():
 
 
 @pytest.mark.parametrize("item, param", [
-    ({"type": "banana"}, "input[0].type"),
+    ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),  # no call to answer
     ({"text": "no type"}, "input[0].type"),
     ({"type": "function_call_output", "call_id": "nope", "output": "x"}, "input[0].call_id"),
     ({"type": "function_call", "call_id": "c", "name": "f"}, "input[0].arguments"),
@@ -62,6 +62,24 @@ def test_bad_items_name_their_field(item, param):
     with pytest.raises(RequestError) as ei:
         cv.check_items([item], {})
     assert ei.value.param == param
+
+
+def test_items_clients_send_back_are_accepted():
+    """Codex sends calls and outputs without call_id and hosted tools' items: a call takes its id, an output
+    answers the earliest unanswered call (by name when it has one), hosted items are left out."""
+    items = cv.check_items([
+        {"type": "function_call", "id": "fc_1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call", "name": "read", "arguments": "{}"},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}},
+        {"type": "function_call_output", "name": "read", "output": "r"},
+        {"type": "function_call_output", "output": "s"},
+        {"type": "local_shell_call", "call_id": None, "status": "completed", "action": {}}], {})
+    assert [it["type"] for it in items] == ["function_call", "function_call", "function_call_output",
+                                            "function_call_output"]
+    assert items[0]["call_id"] == "fc_1" and items[1]["call_id"].startswith("call_")
+    assert items[2]["call_id"] == items[1]["call_id"] and items[3]["call_id"] == "fc_1"
+    msgs = cv.messages_from_items(None, items)
+    assert [m["role"] for m in msgs] == ["assistant", "tool", "tool"] and msgs[1]["name"] == "read"
 
 
 def test_tools_and_tool_choice():
@@ -81,7 +99,14 @@ def test_tools_and_tool_choice():
     s = cv.tool_setup([fn, lark], {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function",
                                                                                              "name": "f"}]})
     assert [t["function"]["name"] for t in s.chat_tools] == ["f"] and s.choice == "required"
-    for tools, choice, param in [([{"type": "web_search"}], None, "tools[0].type"),
+    # hosted tools (Codex sends web_search by default) are left out; forcing one is a 400
+    s = cv.tool_setup([{"type": "web_search", "external_web_access": False}, fn,
+                       {"type": "namespace", "name": "ns", "tools": [{"type": "file_search"}]}], None)
+    assert [t["function"]["name"] for t in s.chat_tools] == ["f"] and s.choice == "auto"
+    assert cv.tool_setup([{"type": "web_search"}], None).chat_tools is None
+    assert cv.tool_setup([dict(fn, strict=True)], None).chat_tools[0]["function"]["strict"] is True
+    for tools, choice, param in [([{"type": "web_search"}], {"type": "web_search"}, "tool_choice.type"),
+                                 ([{"name": "x"}], None, "tools[0].type"),
                                  ([fn], {"type": "custom", "name": "f"}, "tool_choice.name"),
                                  ([fn], "sometimes", "tool_choice"),
                                  ([], "required", "tool_choice"),

@@ -6,7 +6,8 @@
    ``<LOCALRUN_HOME>/logs/launch-serve.log``, and stop it when the client exits.
 2. Point the client at it without touching the user's own files: environment variables for Claude Code
    (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``, ``ANTHROPIC_MODEL``), ``-c`` overrides naming a
-   ``model_providers.localrun`` entry with ``wire_api = "responses"`` for Codex, and a provider block in a
+   ``model_providers.localrun`` entry with ``wire_api = "responses"`` (and its hosted web search off) for
+   Codex, and a provider block in a
    config file under localrun's home passed through ``OPENCODE_CONFIG`` for opencode. ``--config`` writes
    the same into the client's own configuration file instead (once; an existing entry is left as it is).
 3. Run the client with the arguments after ``--`` and exit with its exit code.
@@ -80,7 +81,7 @@ def run_launch(client: str, *, model: str | None = None, port: int | None = None
     key = os.environ.get("LOCALRUN_API_KEY") or "localrun"
     serve_cmd = [sys.executable, "-m", "localrun", "serve", *([model] if model else []), "--port", str(port),
                  "--ctx", str(need), "--parallel", "1", *serve_args]
-    running = None if dry_run else _running_server(base, key)
+    running = _running_server(base, key)  # --dry-run too: it says which server the client would use
     if running is not None and running["n_ctx"] and running["n_ctx"] < need:
         raise LocalrunError(f"the server on port {port} serves {running['id']} with a {running['n_ctx']}-token "
                             f"context; {c.name} needs {need}",
@@ -119,7 +120,9 @@ def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
                 "ANTHROPIC_SMALL_FAST_MODEL": model_id}, []
     if client == "codex":
         provider = f'{{name="localrun", base_url="{base}/v1", wire_api="responses", env_key="LOCALRUN_API_KEY"}}'
-        args = ["-c", "model_provider=localrun", "-c", f"model_providers.localrun={provider}", "-m", model_id]
+        # hosted tools (web search) cannot run on a local server: the server would leave them out anyway
+        args = ["-c", "model_provider=localrun", "-c", f"model_providers.localrun={provider}", "-c",
+                'web_search="disabled"', "-m", model_id]
         return {"LOCALRUN_API_KEY": key}, args
     cfg = home / "launch" / "opencode.json"
     cfg.parent.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,9 @@ def register(app: typer.Typer) -> None:
         stop_loops: bool = typer.Option(False, "--stop-loops",
             help="End a generation that repeats itself in a cycle (finish_reason stop; off by default: OpenAI's "
                  "semantics). A request's own stop_loops field wins."),
+        n_predict: Optional[int] = typer.Option(None, "--n-predict", "-n", min=1,
+            help="Most tokens any answer generates (llama-server's --n-predict): a request asking for more, or "
+                 "for no limit, gets this many and ends with finish_reason \"length\". Default: no cap."),
         reasoning_budget: Optional[int] = typer.Option(None, "--reasoning-budget", min=0,
             help="Default thinking budget in tokens for thinking models: when it runs out the server closes the "
                  "thinking block and the model answers (0: no thinking). A request's reasoning_effort, Ollama "
@@ -223,6 +226,7 @@ def register(app: typer.Typer) -> None:
                    cors_origins=cors_origin, log_prompts=log_prompts, log_level=log_level,
                    parse_special_in_content=parse_special_in_content, parse_special_in_prompt=parse_special_in_prompt,
                    stop_loops=stop_loops, reasoning_budget=reasoning_budget, generic_tools=generic_tools,
+                   n_predict=n_predict,
                    hardware=hardware_for(rpc, settings.models_dir), n_gpu_layers=n_gpu_layers,
                    speculation=speculation, responses_db=responses_db, mmproj=mmproj,
                    allow_image_urls=allow_image_urls, no_mmproj_offload=no_mmproj_offload)
@@ -318,7 +322,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
                flash_attn: bool | None = None, max_body_bytes: int = 8 * 1024 * 1024,
                parse_special_in_content: bool = False, parse_special_in_prompt: bool = True,
                stop_loops: bool = False, reasoning_budget: int | None = None, residency: dict | None = None,
-               generic_tools: bool = True,
+               generic_tools: bool = True, n_predict: int | None = None,
                kv_tiers: dict | None = None, hardware=None, n_gpu_layers: int | None = None,
                speculation=None, responses_db: Path | None = None, mmproj: Path | None = None,
                allow_image_urls: bool = False, no_mmproj_offload: bool = False) -> None:
@@ -340,6 +344,7 @@ def run_server(settings, *, models: list[str], parallel, ctx, max_queue, chat_te
     options.stop_loops = stop_loops
     options.reasoning_budget = reasoning_budget
     options.generic_tools = generic_tools
+    options.n_predict = n_predict
     options.responses_db = responses_db
     options.allow_image_urls = allow_image_urls
     residency = dict(residency or {})

@@ -1,5 +1,13 @@
-"""``Constraint`` → llguidance grammar text, and the honesty check: what llguidance cannot enforce is a
-``ConstraintError`` naming the keyword and where it is, never a silently relaxed constraint.
+"""``Constraint`` → llguidance grammar text, and the honesty check.
+
+A schema a client marks ``strict`` (``Constraint.strict``: OpenAI's ``strict: true``) is enforced exactly or
+refused: what llguidance cannot enforce is a ``ConstraintError`` naming the keyword and where it is. Any other
+JSON schema (a tool's ``parameters``, a ``response_format`` without ``strict``) describes, as it does for the
+hosted APIs: it is compiled with llguidance's ``lenient`` and ``coerce_one_of`` options (llguidance
+docs/json_schema.md), so a keyword it cannot enforce (``propertyNames``, ``uniqueItems``, an unknown
+``format``) is left out of the grammar and ``oneOf`` is enforced as ``anyOf`` (exact when its branches are
+disjoint). What was relaxed is logged once per schema (``relaxed``, logger ``localrun.constrain``), and a tool
+call's arguments are checked against the whole schema after generation (``argument_errors``).
 
 Kinds (``backends.base.Constraint.kind``): ``json_schema`` (a JSON Schema dict), ``json_object`` (any JSON
 object: OpenAI's JSON mode, Ollama's ``format: "json"``), ``regex`` (Rust ``regex`` syntax, anchored at
@@ -13,12 +21,17 @@ whitespace, so the value ends where it closes and JSON mode cannot run on to ``m
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 from localrun.backends.base import Constraint
 from localrun.errors import BackendUnavailableError, ConstraintError
 
+log = logging.getLogger("localrun.constrain")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# a schema that is not strict: unenforceable keywords dropped (a warning each), oneOf enforced as anyOf
+LENIENT_OPTIONS = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
+_LOGGED: dict[str, None] = {}  # the relaxed schemas already logged (insertion-ordered, bounded)
 KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
 # keys under which a schema names things (property names, definitions) rather than using keywords
 _NAME_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
@@ -47,7 +60,7 @@ def compile_grammar(c: Constraint) -> str:
         if not isinstance(c.source, dict):
             raise ConstraintError(f"{where}: a JSON schema must be an object, got {type(c.source).__name__}",
                                   param=c.param, hint="send the schema as a JSON object")
-        return M.grammar_from_json_schema(c.source, defaults=JSON_OPTIONS)
+        return M.grammar_from_json_schema(c.source, defaults=json_options(c.strict))
     if not isinstance(c.source, str) or not c.source:
         raise ConstraintError(f"{where}: a {c.kind} constraint needs a non-empty string", param=c.param,
                               hint=f"send the {c.kind} as a string")
@@ -58,6 +71,11 @@ def compile_grammar(c: Constraint) -> str:
     if c.kind == "gbnf":
         return M.grammar_from_lark(gbnf_to_lark(c.source, param=c.param))
     raise ConstraintError(f"unknown constraint kind {c.kind!r} (one of {', '.join(KINDS)})", param=c.param)
+
+
+def json_options(strict: bool) -> dict:
+    """llguidance's JSON options (``x-guidance``) for a schema: exact when ``strict``, else lenient."""
+    return JSON_OPTIONS if strict else LENIENT_OPTIONS
 
 
 def gbnf_to_lark(gbnf: str, *, param: str = "") -> str:
@@ -78,7 +96,8 @@ def check(c: Constraint, tokenizer=None) -> str:
     """Compile ``c`` and validate it (with ``tokenizer``, an ``LLTokenizer``, when given) → the grammar.
 
     Raises ConstraintError naming what llguidance cannot enforce: an unimplemented JSON Schema keyword
-    (``keyword`` and its JSON Pointer ``path``), an unknown ``format``, an invalid regex or grammar.
+    (``keyword`` and its JSON Pointer ``path``), an unknown ``format`` (both only for a ``strict`` schema:
+    any other is relaxed and logged, module docstring), an invalid regex or grammar.
     """
     grammar = compile_grammar(c)
     is_error, msgs = llguidance().LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
@@ -86,7 +105,40 @@ def check(c: Constraint, tokenizer=None) -> str:
         raise explain(c, msgs[0] if msgs else "invalid grammar")
     if c.kind == "json_schema" and isinstance(c.source, dict) and bad_pattern(c.source) is not None:
         raise explain(c, "regex")  # a pattern Rust's regex crate reads but JSON Schema's dialect refuses (^+)
+    if msgs and not c.strict and c.kind == "json_schema":  # (a tool grammar's schemas were logged per tool)
+        relaxed(c, msgs)
     return grammar
+
+
+def relaxed(c: Constraint, warnings: list[str]) -> str:
+    """Log (once per schema and field) what the lenient compile of ``c`` left out → the log line's text."""
+    what = "; ".join(sorted({" ".join(w.split())[:200] for w in warnings}))
+    line = (f"{c.param or c.kind}: enforced as far as constrained decoding can ({what}); the rest is checked "
+            "after generation")
+    key = line + "\0" + cache_key(c)
+    if key not in _LOGGED:
+        _LOGGED[key] = None
+        while len(_LOGGED) > 512:
+            _LOGGED.pop(next(iter(_LOGGED)))
+        log.info("%s", line)
+    return line
+
+
+def argument_errors(schema, args) -> list[str]:
+    """``args`` (a tool call's parsed arguments) checked against ``schema`` (the tool's whole ``parameters``,
+    the keywords the grammar could not enforce included) with ``jsonschema`` → the violations, each
+    ``"<JSON Pointer>: <message>"``; [] when valid or when ``schema`` is not a valid JSON Schema."""
+    if not isinstance(schema, dict) or not schema:
+        return []
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        errs = sorted(cls(schema).iter_errors(args), key=lambda e: list(e.absolute_path))
+    except Exception:  # a schema jsonschema cannot evaluate (bad $ref, unknown type): the call goes unchecked
+        return []
+    return [f"/{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}" for e in errs[:5]]
 
 
 def explain(c: Constraint, msg: str) -> ConstraintError:

@@ -19,7 +19,7 @@ import json
 import re
 
 from localrun.backends.base import Constraint
-from localrun.constrain.grammar import JSON_OPTIONS, gbnf_to_lark
+from localrun.constrain.grammar import gbnf_to_lark, json_options
 
 
 def _lark_regex(rx: str) -> str:
@@ -31,7 +31,7 @@ def _answer_rule(c: Constraint) -> tuple[str, str]:
     """(the answer's expression in the wrapper's ``start`` rule, extra Lark rules it needs)."""
     if c.kind in ("json_object", "json_schema"):
         schema = {"type": "object"} if c.kind == "json_object" else c.source
-        return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_OPTIONS})), ""
+        return "%json " + json.dumps(dict(schema, **{"x-guidance": json_options(c.strict)})), ""
     if c.kind == "regex":
         return "LR_ANSWER", f"LR_ANSWER: {_lark_regex(c.source)}\n"
     src = gbnf_to_lark(c.source, param=c.param) if c.kind == "gbnf" else c.source

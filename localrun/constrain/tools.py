@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 
 from localrun.backends.base import Constraint
-from localrun.constrain.grammar import JSON_OPTIONS, check
+from localrun.constrain.grammar import check, json_options
 from localrun.constrain.thinking import thinking_prefix
 from localrun.errors import ConstraintError
 
@@ -39,9 +39,11 @@ def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
     required when the template opens it, optional otherwise), or the syntax name itself, or None
     (→ ``hermes``). ``tools``: OpenAI tool definitions (``{"type": "function", "function": {"name",
     "parameters"}}``, or the bare function objects); the arguments follow each tool's ``parameters``
-    schema (none: any JSON object). ``parallel``: one or more calls (hermes: one block after another;
-    mistral: several in the list), else exactly one. Raises ConstraintError for an unknown syntax, no tools,
-    a ``name`` not among them, or a parameters schema llguidance cannot enforce (keyword and path named)."""
+    schema (none: any JSON object), exactly for a tool marked ``strict: true``, as far as llguidance can for
+    the others (``grammar`` module docstring: lenient). ``parallel``: one or more calls (hermes: one block
+    after another; mistral: several in the list), else exactly one. Raises ConstraintError for an unknown
+    syntax, no tools, a ``name`` not among them, or a strict tool's schema llguidance cannot enforce
+    (keyword and path named)."""
     syntax = getattr(family, "tools", family) or "hermes"
     if syntax not in SYNTAXES:
         raise ConstraintError(f"no tool-call grammar for the {syntax!r} syntax (known: {', '.join(SYNTAXES)})",
@@ -86,9 +88,15 @@ def _functions(tools: list[dict], name: str | None) -> list[dict]:
         missing = f"no tool named {name!r}" if name is not None else "no tools"
         raise ConstraintError(f"tool_choice needs a tool to call: {missing} in 'tools'", param="tool_choice",
                               hint="name one of the functions listed in 'tools'")
-    for f in fns:  # an unenforceable parameters schema: 400 naming the tool, keyword and path
-        check(Constraint("json_schema", _params(f), param=f"tools[{f['name']}].function.parameters"))
+    for f in fns:  # a strict tool's unenforceable schema: 400 naming the tool, keyword and path; else relaxed
+        check(Constraint("json_schema", _params(f), param=f"tools[{f['name']}].function.parameters",
+                         strict=is_strict(f)))
     return fns
+
+
+def is_strict(fn: dict) -> bool:
+    """Whether the client marked a tool ``strict: true`` (its schema enforced exactly or refused)."""
+    return fn.get("strict") is True
 
 
 def _generic_lark(fns: list[dict], parallel: bool, *, required: bool, response: dict | None = None) -> str:
@@ -115,9 +123,10 @@ def _params(fn: dict) -> dict:
     return p if isinstance(p, dict) and p else {"type": "object"}
 
 
-def _json(schema: dict) -> str:
-    """``%json {...}`` with localrun's JSON layout (one line, ", " and ": " separators)."""
-    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_OPTIONS}))
+def _json(schema: dict, strict: bool = False) -> str:
+    """``%json {...}`` with localrun's JSON layout (one line, ", " and ": " separators), lenient unless
+    ``strict`` (a strict tool's schema was checked exactly in ``_functions``: lenient changes nothing there)."""
+    return "%json " + json.dumps(dict(schema, **{"x-guidance": json_options(strict)}))
 
 
 def _call_schema(fn: dict, args_key: str) -> dict:

@@ -180,11 +180,12 @@ class ChatTemplate:
 
     def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
                 template_kwargs: dict | None = None) -> str:
-        """Render, after merging system messages that follow the first turn into the leading system message
-        (in order, joined by a blank line) when the template cannot render them where they stand
-        (``renders_system_midway``): never dropped, never a template error."""
+        """Render, after merging every system message but the first (a second leading one, e.g. the Responses
+        API's ``instructions`` then a ``developer`` message, or one that follows the first turn) into the leading
+        system message (in order, joined by a blank line) when the template cannot render them where they
+        stand (``renders_system_midway``): never dropped, never a template error."""
         first_turn = next((i for i, m in enumerate(msgs) if m.get("role") != "system"), len(msgs))
-        if any(m.get("role") == "system" for m in msgs[first_turn:]) and not self.renders_system_midway:
+        if any(m.get("role") == "system" for m in msgs[1:]) and not self.renders_system_midway:
             lead = [m for m in msgs[:first_turn]]
             late = [m for m in msgs[first_turn:] if m.get("role") == "system"]
             texts = [_text_of(m.get("content")) for m in lead + late]

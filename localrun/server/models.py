@@ -301,14 +301,16 @@ class ModelRegistry:
     async def _finish_unload(self, r: Resident, reason: str) -> None:
         from starlette.concurrency import run_in_threadpool
 
+        names = r.names()  # read before the engine closes (its model path)
         try:
             await run_in_threadpool(self._close_resident, r)
         finally:
+            self.names.remember(names, r.key)
             self.residency.end_unload(r)
             self.metrics.unloads.labels(r.model_id, reason).inc()
             self.metrics.models_loaded.set(len(self.residents))
             r.state.metrics.drop_gauges()
-            log.info("unloaded %s (%s)", r.model_id, reason)
+            log.info("unloaded %s (%s)", r.model_id, reason.replace("_", "-"))
             self._notify()
 
     def _close_resident(self, r: Resident) -> None:

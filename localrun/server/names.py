@@ -95,6 +95,12 @@ class ModelNames:
         self._names[name or ""] = key
         return key
 
+    def remember(self, names: set[str], key: str) -> None:
+        """A model leaves memory (keep-alive, eviction): the names it answered to keep naming ``key``, so the
+        next request for it reloads it instead of falling back to the default model."""
+        for n in names:
+            self._names[n] = key
+
     def forget(self) -> None:
         """The store changed (pull, copy, delete): names resolve again."""
         self._names.clear()

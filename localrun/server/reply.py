@@ -301,7 +301,7 @@ async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None
     LocalrunErrors, ClientGone."""
     parser = ReplyParser(family, thinking=opts.thinking, tools=bool(opts.tools), raw_thinking=opts.raw_thinking)
     counter = _ReasoningCounter(family, opts)
-    called, ids = False, []
+    called, ids, names = False, [], {}
     async for c in st.chunks(job, request):
         if c.token_id is not None:
             ids.append(c.token_id)
@@ -311,6 +311,10 @@ async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None
         counter.add(c.text, c.token_id is not None, _answer_in(events))
         called = called or any(isinstance(e, ToolCallEnd) for e in events)
         for e in events:
+            if isinstance(e, ToolCallStart):
+                names[e.index] = e.name
+            elif isinstance(e, ToolCallEnd):
+                check_arguments(opts.tools, names.get(e.index), e.arguments)
             yield e
         if c.logprobs:
             yield Logprobs(list(c.logprobs))
@@ -319,6 +323,24 @@ async def reply_events(st, job, family: Family, opts: ReplyOptions, request=None
             yield Finish(wire_reason(reason, getattr(job, "params", None)), c.stats or Stats(), counter.n_tokens, ids,
                          looped=c.finish_reason == "loop")
             return
+
+
+def check_arguments(tools: list[dict] | None, name: str | None, args) -> list[str]:
+    """A finished call's arguments against its tool's whole ``parameters`` schema (``jsonschema``: the
+    keywords constrained decoding could not enforce included, ``constrain.grammar`` docstring) → the
+    violations, each logged as a warning. The call still goes to the client, as a hosted API's non-strict
+    call would: the agent checks it against the same schema and answers the model with an error result."""
+    from localrun.constrain.grammar import argument_errors
+
+    fn = next((t.get("function", t) for t in tools or [] if t.get("function", t).get("name") == name), None)
+    errors = argument_errors(fn.get("parameters"), args) if fn else []
+    if errors:
+        import logging
+
+        logging.getLogger("localrun.server").warning("tool call %s: its arguments do not match the tool's schema "
+                                                     "(%s); passed on for the client to answer", name,
+                                                     "; ".join(errors))
+    return errors
 
 
 class _ReasoningCounter:

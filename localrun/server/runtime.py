@@ -57,6 +57,7 @@ class ServeOptions:
     reasoning_budget: int | None = None  # tokens of thinking before the engine closes the block; None: no limit
     # tools on a template without tool syntax use the generic format (reply.py); False: refused (--no-generic-tools)
     generic_tools: bool = True
+    n_predict: int | None = None  # the most tokens any answer generates (serve --n-predict); None: no cap
     plan: Any = None  # the Plan the engine was loaded with (shown by /api/ps)
     hardware: dict | None = None
     responses_db: Any = None  # the Responses API's SQLite file (None: <home>/responses.db)
@@ -208,7 +209,11 @@ class ServerState:
     # ------------------------------------------------------------------ jobs
     async def start(self, request: Request, tokens: list[int], params: SamplingParams) -> Job:
         """Submit a generation and wait until it holds a slot. Raises QueueFullError, the engine's
-        LocalrunErrors (context overflow, bad grammar), ClientGone."""
+        LocalrunErrors (context overflow, bad grammar), ClientGone. ``serve --n-predict`` caps
+        ``params.max_tokens`` here, for every route."""
+        cap = self.options.n_predict
+        if cap and (params.max_tokens is None or params.max_tokens > cap):
+            params.max_tokens = cap
         self.check_params(params)
         if log.isEnabledFor(logging.DEBUG):
             client = request.client.host if request.client else "-"

@@ -29,6 +29,21 @@ from localrun.backends.base import SamplingParams, Stats
 from localrun.backends.images import IMAGE_MARKER
 
 INT32_MAX = 2**31 - 1  # llama.cpp's sampler parameters (top_k, penalty_last_n) are C ints
+_LOGGED_ONCE: dict[str, None] = {}  # keys already logged by ``log_once`` (insertion-ordered, bounded)
+
+
+def log_once(key: str, message: str) -> bool:
+    """Log ``message`` (logger ``localrun.server``, info) the first time ``key`` is seen in this process
+    (a client repeats its request shape every turn: one line, not one per request). → whether it logged."""
+    if key in _LOGGED_ONCE:
+        return False
+    _LOGGED_ONCE[key] = None
+    while len(_LOGGED_ONCE) > 1024:
+        _LOGGED_ONCE.pop(next(iter(_LOGGED_ONCE)))
+    import logging
+
+    logging.getLogger("localrun.server").info("%s", message)
+    return True
 
 
 class WireModel(BaseModel):
@@ -100,10 +115,13 @@ class ChatMessageIn(WireModel):
 
 
 class FunctionDef(WireModel):
-    _ignored = frozenset({"strict"})
+    """A function tool; ``strict: true`` enforces ``parameters`` exactly (or refuses it), any other schema is
+    enforced as far as constrained decoding can (``constrain.grammar``)."""
+
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class ToolDef(WireModel):
@@ -147,6 +165,7 @@ def message_dict(m, index: int = 0) -> dict:
     if m.name:
         d["name"] = m.name
     if m.tool_calls:
+        check_tool_call_arguments(m.tool_calls, index)
         d["tool_calls"] = m.tool_calls
     if m.tool_call_id:
         d["tool_call_id"] = m.tool_call_id
@@ -154,6 +173,46 @@ def message_dict(m, index: int = 0) -> dict:
     if thinking:
         d["reasoning_content"] = thinking
     return d
+
+
+def check_tool_call_arguments(calls: list, index: int) -> None:
+    """The ``arguments`` of an earlier turn's tool calls (message ``index``) must be a JSON object: an
+    object (Ollama), a string holding one (OpenAI), or empty ("" or absent: a call without arguments, as a
+    template writes ``{}``). Anything else (``"{"``, trailing text, ``"Paris"``, ``"[1]"``) is a
+    RequestError naming ``messages[i].tool_calls[j].function.arguments``: the template can only write an
+    object, and passing the text on as something else would show the model a call it never made (llama-server
+    and vLLM refuse it too; docs/serve.md, Tools)."""
+    import json
+
+    from localrun.server.errors import RequestError
+
+    for j, tc in enumerate(calls):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict):
+            fn = tc if isinstance(tc, dict) else {}  # {"name", "arguments"} without the wrapper
+        args = fn.get("arguments")
+        if args is None or args == "" or isinstance(args, dict):
+            continue
+        where = f"messages[{index}].tool_calls[{j}].function.arguments"
+        hint = ("send the call's arguments as a JSON object (OpenAI: a string such as '{\"city\": \"Paris\"}'; "
+                "'{}' for none), or leave the malformed call out of the history")
+        if isinstance(args, str):
+            try:
+                value = json.loads(args)
+            except ValueError as e:
+                raise RequestError(f"{where} is not JSON ({getattr(e, 'msg', e)} at character "
+                                   f"{getattr(e, 'pos', '?')} of {_clip(args)})", param=where,
+                                   code="invalid_value", hint=hint) from None
+            if isinstance(value, dict):
+                continue
+            raise RequestError(f"{where} must be a JSON object, got a JSON {type(value).__name__} ({_clip(args)})",
+                               param=where, code="invalid_value", hint=hint)
+        raise RequestError(f"{where} must be a JSON object or a string holding one, got {type(args).__name__}",
+                           param=where, code="invalid_value", hint=hint)
+
+
+def _clip(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[:n] + "…")
 
 
 # ---------------------------------------------------------------------------------------------- sampling

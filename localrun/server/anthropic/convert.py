@@ -132,16 +132,30 @@ def prefill_text(req) -> str | None:
 
 def tools_from_anthropic(req) -> tuple[list[dict] | None, str | dict | None]:
     """``tools`` and ``tool_choice`` → OpenAI's (``[{"type": "function", "function": {name, description,
-    parameters}}]``, ``"auto" | "required" | "none" | {"type": "function", "function": {"name"}}``).
-    ``any`` → ``required``; ``tool`` → the named function. Raises RequestError for a ``tool`` choice without
-    a name, or a ``tool_choice`` other than none without tools."""
+    parameters, strict}}]``, ``"auto" | "required" | "none" | {"type": "function", "function": {"name"}}``).
+    ``any`` → ``required``; ``tool`` → the named function. Anthropic's own tool types (server tools,
+    ``schemas.ToolParam``) are left out, logged once. Raises RequestError for a ``tool`` choice without
+    a name or naming a tool left out, or a ``tool_choice`` other than none without tools."""
+    from localrun.server.wire import log_once
+
     choice = req.tool_choice
-    if not req.tools:
+    hosted = [t for t in req.tools or [] if not t.is_client_tool]
+    if hosted:
+        kinds = ", ".join(sorted({f"{t.name} ({t.type})" for t in hosted}))
+        log_once("anthropic-hosted:" + kinds, f"/v1/messages: tools {kinds} run on Anthropic's servers or have no "
+                 "schema: left out (the model is not shown them)")
+    client = [t for t in req.tools or [] if t.is_client_tool]
+    if choice is not None and choice.type == "tool" and choice.name in {t.name for t in hosted}:
+        raise RequestError(f"tool_choice names {choice.name!r}, a tool that runs on Anthropic's servers and is not "
+                           "available locally", param="tool_choice.name",
+                           hint="name one of the client tools (name, description, input_schema)")
+    if not client:
         if choice is not None and choice.type in ("any", "tool"):
             raise RequestError(f"tool_choice {choice.type!r} needs 'tools'", param="tool_choice")
         return None, None
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                               "parameters": t.input_schema}} for t in req.tools]
+                                               "parameters": t.input_schema}
+              | ({"strict": True} if t.strict else {})} for t in client]
     if choice is None or choice.type == "auto":
         return tools, "auto"
     if choice.type == "any":

@@ -7,8 +7,8 @@ become Anthropic's content blocks: ``thinking`` (with a local ``signature``), ``
 A streamed reply is Anthropic's event sequence (``event: NAME`` + ``data: {json}``): ``message_start``,
 ``ping``, per block ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``thinking_delta``,
 ``signature_delta``, ``input_json_delta``) / ``content_block_stop``, then ``message_delta`` (stop_reason,
-usage) and ``message_stop``; a ``ping`` also goes out every ``PING_INTERVAL_S`` seconds without events (a
-long prefill) so proxies keep the connection. An error after the stream started is an ``event: error``.
+usage) and ``message_stop``; a ``ping`` also goes out every ``heartbeat.HEARTBEAT_S`` seconds without events
+(a long prefill) so clients and proxies keep the connection. An error after the stream started is an ``event: error``.
 
 Errors on these routes take Anthropic's shape (``convert.error_response``, through the wing's
 ``error_response``: ``server/wings.py``); the API key is accepted as ``x-api-key`` as well as
@@ -17,8 +17,6 @@ Errors on these routes take Anthropic's shape (``convert.error_response``, throu
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import FastAPI, Request
 
 from localrun.backends.base import SamplingParams
@@ -26,10 +24,9 @@ from localrun.errors import LocalrunError
 from localrun.server.anthropic import convert as ac
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest
 from localrun.server.errors import QueueFullError, error_info
+from localrun.server.heartbeat import with_heartbeats
 from localrun.server.models import ModelRegistry
 from localrun.server.runtime import ServerState
-
-PING_INTERVAL_S = 10.0  # a ping after this long without an event (Anthropic's streams ping too)
 
 
 def register(app: FastAPI, reg: ModelRegistry) -> None:
@@ -56,7 +53,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                 yield ac.sse_event(name, data)
             yield ac.sse_event("ping", {"type": "ping"})
             try:
-                async for ev in _with_pings(reply_events(tap, job, family, opts)):
+                async for ev in with_heartbeats(reply_events(tap, job, family, opts)):
                     if ev is None:
                         yield ac.sse_event("ping", {"type": "ping"})
                         continue
@@ -139,31 +136,3 @@ class _TokenTap:
         text = eng.detokenize(self.ids)
         hits = [(i, n) for n, i in enumerate(text.find(s) for s in stops) if i >= 0]
         return stops[min(hits)[1]] if hits else None
-
-
-async def _with_pings(events):
-    """``events``, with ``None`` yielded after every ``PING_INTERVAL_S`` seconds that pass without one."""
-    it = events.__aiter__()
-    nxt = asyncio.ensure_future(it.__anext__())
-    try:
-        while True:
-            done, _ = await asyncio.wait({nxt}, timeout=PING_INTERVAL_S)
-            if not done:
-                yield None
-                continue
-            try:
-                ev = nxt.result()
-            except StopAsyncIteration:
-                return
-            yield ev
-            nxt = asyncio.ensure_future(it.__anext__())
-    finally:
-        if not nxt.done():
-            nxt.cancel()
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            try:
-                await aclose()
-            except Exception:
-                pass
-

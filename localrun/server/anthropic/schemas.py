@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, StrictBool, StrictInt, TypeAdapter, ValidationError, field_validator, model_validator
 
 from localrun.server.wire import INT32_MAX, WireModel
 
@@ -157,23 +157,29 @@ class MessageParam(WireModel):
 
 
 class ToolParam(WireModel):
-    """A client tool. Anthropic's server tools (``web_search_…``, ``bash_…``, ``text_editor_…``) run on
-    Anthropic's side and are refused by name."""
+    """A tool. A client tool (no ``type``, or ``custom``) has ``input_schema``; ``strict: true`` enforces it
+    exactly (or refuses it). Anthropic's own tool types (server tools such as ``web_search_…``,
+    ``code_execution_…``, ``web_fetch_…``; the schema-less ``bash_…``, ``text_editor_…``) are accepted and left
+    out of the prompt (``convert.tools_from_anthropic`` logs them once): they run on Anthropic's side or
+    have no schema to show a local model."""
 
-    _ignored = frozenset({"cache_control", "defer_loading", "strict", "input_examples",
-                                                   "allowed_callers", "eager_input_streaming"})
-    type: Literal["custom"] | None = None
+    _ignored = frozenset({"cache_control", "defer_loading", "input_examples", "allowed_callers",
+                          "eager_input_streaming"})
+    type: str | None = None
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] | None = None
+    strict: bool | None = None
 
-    @field_validator("type", mode="before")
-    @classmethod
-    def _client_tools_only(cls, v):
-        if v not in (None, "custom"):
-            raise ValueError(f"server tool {v!r} runs on Anthropic's servers and is not available locally; "
-                             "declare a client tool (name, description, input_schema) instead")
-        return v
+    @property
+    def is_client_tool(self) -> bool:
+        return self.type in (None, "custom")
+
+    @model_validator(mode="after")
+    def _client_tools_have_a_schema(self):
+        if self.is_client_tool and self.input_schema is None:
+            raise ValueError(f"tool {self.name!r} needs 'input_schema' (a JSON Schema object)")
+        return self
 
 
 class ToolChoice(WireModel):

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from localrun.dialects import Delta, ToolCallArgs, ToolCallStart
 from localrun.errors import LocalrunError, ModelNotFoundError
 from localrun.server.errors import RequestError, error_info
+from localrun.server.heartbeat import with_heartbeats
 from localrun.server.models import ModelRegistry
 from localrun.server.openai import convert as cv
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -78,7 +79,10 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             yield chunk({"role": "assistant", "content": ""})
             pending = None  # the last delta, held so that its chunk's logprobs ride with it
             try:
-                async for e in reply_events(st, job, family, opts):
+                async for e in with_heartbeats(reply_events(st, job, family, opts)):
+                    if e is None:  # a long prefill: an empty delta every client reads as a chunk
+                        yield chunk({})
+                        continue
                     if isinstance(e, Logprobs):
                         yield chunk(pending or {"content": ""}, logprobs=e.items)
                         pending = None
@@ -112,7 +116,10 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         if req.suffix:
             raise RequestError("suffix (fill-in-the-middle) is not supported", param="suffix",
                                code="unsupported_value")
-        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # OpenAI's default
+        # no max_tokens: until the model stops, a stop string or the context is full, as on chat and as
+        # llama-server and Ollama do (n_predict / num_predict -1); OpenAI's legacy default of 16 tokens would
+        # cut every local completion short without a word (docs/serve.md, Length and loops)
+        max_tokens = req.max_tokens
         params = cv.sampling_from_openai(
             req, stop_loops=st.options.stop_loops, max_tokens=max_tokens, logprobs=req.logprobs
         )
@@ -141,7 +148,10 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             try:
                 if echo:
                     yield piece(echo, None)
-                async for c in st.chunks(job):
+                async for c in with_heartbeats(st.chunks(job)):
+                    if c is None:  # a long prefill: an empty piece every client reads as a chunk
+                        yield piece("", None)
+                        continue
                     lp = cv.completion_logprobs(c.logprobs) if (c.logprobs and req.logprobs is not None) else None
                     if c.text or c.finish_reason is not None:
                         yield piece(c.text, c.finish_reason, lp)

@@ -51,32 +51,44 @@ def input_items(value) -> list[dict]:
 def check_items(items: list[dict], known_calls: dict[str, str], param: str = "input") -> list[dict]:
     """Validate ``items`` (this request's input) and give each its stored form: a ``type``, an ``id``
     (``msg_…``, ``fc_…``) and, for messages, content as a list of parts. ``known_calls`` (call_id → tool
-    name, from the stored conversation) grows with this input's calls. RequestError names the bad field."""
+    name, from the stored conversation) grows with this input's calls. RequestError names the bad field.
+
+    As OpenAI does, a call without a ``call_id`` takes its ``id`` (or a new one), and a tool output without one
+    answers the earliest call not yet answered (of its ``name``, when it has one). Items of hosted tools
+    (``web_search_call``, ``local_shell_call``, ``mcp_call``, …: any other ``type``) are accepted and left out
+    of the conversation, logged once."""
     out = []
+    unanswered = [c for c in known_calls]  # call ids in the order they were made, not yet answered
+    skipped: list[str] = []
     for i, raw in enumerate(items):
         where = f"{param}[{i}]"
         if not isinstance(raw, dict):
             raise RequestError(f"{where} must be an object (an input item)", param=where)
         item = dict(raw)
         kind = item.get("type") or ("message" if "role" in item else None)
-        if kind is None:
+        if not isinstance(kind, str):
             raise RequestError(f"{where} has no 'type'", param=f"{where}.type")
         item["type"] = kind
         if kind == "message":
             item = _check_message(item, where)
         elif kind in ("function_call", "custom_tool_call"):
-            _need_str(item, "call_id", where)
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+                item["call_id"] = item["id"] if isinstance(item.get("id"), str) and item["id"] else new_id("call")
             _need_str(item, "name", where)
             _need_str(item, "arguments" if kind == "function_call" else "input", where)
             known_calls[item["call_id"]] = item["name"]
+            unanswered.append(item["call_id"])
             item.setdefault("id", new_id("fc" if kind == "function_call" else "ctc"))
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            _need_str(item, "call_id", where)
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+                item["call_id"] = _pair_output(item, unanswered, known_calls, where)
             if item["call_id"] not in known_calls:
                 raise RequestError(f"{where}.call_id {item['call_id']!r} answers no function call in this "
                                    "conversation", param=f"{where}.call_id",
                                    hint="send the function_call item before its output, or continue the "
                                    "response that made the call (previous_response_id)")
+            if item["call_id"] in unanswered:
+                unanswered.remove(item["call_id"])
             if not isinstance(item.get("output"), (str, list)):
                 raise RequestError(f"{where}.output must be a string", param=f"{where}.output")
             item.setdefault("id", new_id("fco"))
@@ -87,12 +99,28 @@ def check_items(items: list[dict], known_calls: dict[str, str], param: str = "in
         elif kind == "item_reference":
             raise RequestError(f"{where}: item_reference is not supported; send the item itself, or continue "
                                "with previous_response_id", param=f"{where}.type", code="unsupported_value")
-        else:
-            raise RequestError(f"{where}.type {kind!r} is not an input item localrun takes (message, "
-                               "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
-                               "reasoning)", param=f"{where}.type", code="invalid_value")
+        else:  # a hosted tool's call or output (or an item type newer than this server): not the model's
+            skipped.append(kind)
+            continue
         out.append(item)
+    if skipped:
+        from localrun.server.wire import log_once
+
+        kinds = ", ".join(sorted(set(skipped)))
+        log_once("responses-items:" + kinds, f"/v1/responses: input items of type {kinds} (hosted tools) are left "
+                 "out of the conversation")
     return out
+
+
+def _pair_output(item: dict, unanswered: list[str], known_calls: dict[str, str], where: str) -> str:
+    """The call a tool output without ``call_id`` answers: the earliest unanswered one (of the output's
+    ``name`` when it has one). RequestError when there is none."""
+    name = item.get("name")
+    for cid in unanswered:
+        if not isinstance(name, str) or known_calls.get(cid) == name:
+            return cid
+    raise RequestError(f"{where}.call_id is missing and no earlier function call is left unanswered",
+                       param=f"{where}.call_id", hint="send the call_id of the function_call this output answers")
 
 
 def _need_str(item: dict, key: str, where: str) -> None:
@@ -226,23 +254,36 @@ class ToolSetup:
 
 
 def tool_setup(tools: list[dict] | None, tool_choice) -> ToolSetup:
-    """``tools`` and ``tool_choice`` → ``ToolSetup``. Hosted tools (web_search, file_search, …) are refused
-    by name; a custom tool's grammar is checked now (``ConstraintError``: a 400 naming its definition)."""
+    """``tools`` and ``tool_choice`` → ``ToolSetup``. Hosted tools (web_search, file_search, …; any tool
+    type other than ``function``, ``custom`` and ``namespace``) are accepted and left out, logged once; a
+    ``tool_choice`` that forces one is a 400. A custom tool's grammar is checked now (``ConstraintError``: a
+    400 naming its definition)."""
     from localrun.constrain import check
 
     setup = ToolSetup()
     chat_tools: list[dict] = []
+    hosted: list[str] = []
     for i, t in enumerate(tools or []):
         where = f"tools[{i}]"
         if isinstance(t, dict) and t.get("type") == "namespace":  # Codex: a group of tools under one name
             inner = t.get("tools")
             if not isinstance(inner, list):
                 raise RequestError(f"{where}.tools must be a list of tools", param=f"{where}.tools")
-            chat_tools += [_one_tool(u, f"{where}.tools[{j}]", setup, check) for j, u in enumerate(inner)]
+            group = [_one_tool(u, f"{where}.tools[{j}]", setup, check, hosted) for j, u in enumerate(inner)]
+            group = [g for g in group if g is not None]
+            chat_tools += group
             if isinstance(t.get("name"), str):
-                setup.namespaces.update({c["function"]["name"]: t["name"] for c in chat_tools[-len(inner):]})
+                setup.namespaces.update({c["function"]["name"]: t["name"] for c in group})
         else:
-            chat_tools.append(_one_tool(t, where, setup, check))
+            one = _one_tool(t, where, setup, check, hosted)
+            if one is not None:
+                chat_tools.append(one)
+    if hosted:
+        from localrun.server.wire import log_once
+
+        kinds = ", ".join(sorted(set(hosted)))
+        log_once("responses-hosted:" + kinds, f"/v1/responses: hosted tools {kinds} are not available on a local "
+                 "server: left out (the model is not shown them)")
     names = [t["function"]["name"] for t in chat_tools]
     choice = tool_choice if tool_choice is not None else "auto"
     if isinstance(choice, str):
@@ -283,15 +324,17 @@ def tool_setup(tools: list[dict] | None, tool_choice) -> ToolSetup:
     return setup
 
 
-def _one_tool(t, where: str, setup: ToolSetup, check) -> dict:
+def _one_tool(t, where: str, setup: ToolSetup, check, hosted: list[str]) -> dict | None:
     """One ``function`` or ``custom`` tool → its chat tool (a custom one: a function of one string,
-    ``input``); its constraint goes to ``setup.custom``."""
+    ``input``); its constraint goes to ``setup.custom``. A hosted tool (any other ``type``) → None, its
+    type added to ``hosted``."""
     kind = t.get("type") if isinstance(t, dict) else None
-    if kind in HOSTED_TOOLS:
-        raise RequestError(f"{where}: the hosted tool {kind!r} is not available on a local server (only "
-                           "'function' and 'custom' tools are)", param=f"{where}.type", code="unsupported_value")
+    if not isinstance(kind, str) or not kind:
+        raise RequestError(f"{where}.type must be 'function', 'custom' or a hosted tool's type, got {kind!r}",
+                           param=f"{where}.type")
     if kind not in ("function", "custom"):
-        raise RequestError(f"{where}.type must be 'function' or 'custom', got {kind!r}", param=f"{where}.type")
+        hosted.append(kind)
+        return None
     name = t.get("name")
     if not isinstance(name, str) or not name:
         raise RequestError(f"{where}.name must be a non-empty string", param=f"{where}.name")
@@ -306,6 +349,8 @@ def _one_tool(t, where: str, setup: ToolSetup, check) -> dict:
             check(setup.custom[name])
         params = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
     fn = {"name": name, "parameters": params} | ({"description": desc} if desc else {})
+    if t.get("strict") is True and kind == "function":
+        fn["strict"] = True
     return {"type": "function", "function": fn}
 
 
