@@ -102,12 +102,38 @@ def real_localrun_changes() -> list[str]:
     return sorted(k for k in keys if after.get(k) != _REAL_LOCALRUN_BEFORE.get(k))
 
 
+def _names_this_session(rel: str, folders: list[str]) -> bool:
+    """Whether the changed file ``rel`` under the real ~/.localrun names one of this session's ``folders``
+    (what the suite's processes write is keyed by the paths they use: a header cache entry holds its model's
+    path, a KV file its request's folder)."""
+    try:
+        text = (REAL_HOME / ".localrun" / rel).read_bytes()[:1 << 20].decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(f in text for f in folders)
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fails the session when the real ~/.localrun got a file that names this session's folders. Other
+    changes there are only reported: any localrun run with the real home on this machine during the suite
+    (another terminal, another user of the checkout) makes them, and failing on those failed good runs.
+    test_isolation.py checks the suite's own processes by a path only they use."""
     changed = real_localrun_changes()
-    if changed:
-        print(f"\nFAILED isolation: the test session changed the real {REAL_HOME / '.localrun'}: "
-              + ", ".join(changed[:10]))
+    if not changed:
+        return
+    folders = [str(_SESSION_DIR) + os.sep]  # with the separator: pytest-1/ is not pytest-12/
+    try:
+        folders.append(str(session.config._tmp_path_factory.getbasetemp()) + os.sep)
+    except (AttributeError, OSError, ValueError):
+        pass
+    ours = [c for c in changed if _names_this_session(c, folders)]
+    if ours:
+        print(f"\nFAILED isolation: the test session wrote under the real {REAL_HOME / '.localrun'}: "
+              + ", ".join(ours[:10]))
         session.exitstatus = 1
+    else:
+        print(f"\nnote: {len(changed)} file(s) under the real {REAL_HOME / '.localrun'} changed during the session, "
+              "none naming its folders (another localrun process on this machine): " + ", ".join(changed[:5]))
 
 # a test that uses one of these fixtures loads a real model (llama.cpp or MLX): marked `model`, so the fast
 # tier `pytest -m "not model"` leaves it out. Tests that spawn `localrun` on a model carry the mark themselves.
