@@ -74,6 +74,10 @@ def test_files_unique_across_catalog():
 
 @pytest.mark.parametrize("entry", load_catalog(), ids=lambda e: e.name)
 def test_params_consistent_with_dimensions(entry):
+    from localrun.model.synthetic_hybrid import HYBRID_ARCHS
+
+    if entry.arch in HYBRID_ARCHS:  # counted from their layouts; held against the model cards in test_catalog_hybrids
+        pytest.skip("hybrid / Gemma-4 layout: tests/test_catalog_hybrids.py")
     total, active = expected_params(entry)
     assert entry.params_total == pytest.approx(total, rel=0.02), (entry.name, total)
     assert entry.params_active == pytest.approx(active, rel=0.05), (entry.name, active)

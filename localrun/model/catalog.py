@@ -22,6 +22,13 @@ Schema of one entry (``[[model]]`` table; see models.toml)::
     n_expert = 0
     n_expert_used = 0
     kv_lora_rank = 0             # MLA latent rank (DeepSeek-V2/V3)
+    layer_pattern = "RRRA…"      # hybrids: A attention, R recurrent, F FFN-only, one letter per layer
+    full_attention_interval = 4  # or: Qwen3.5/3.6's every-Nth-layer attention
+    ssm_conv_kernel = 4          # ssm_*: the recurrent layers' sizes as the GGUF's ssm.* keys hold them
+    shortconv_l_cache = 3        # LFM2's conv kernel
+    shared_kv_layers = 20        # Gemma 4: the last N layers reuse earlier KV; head_dim_swa, n_head_kv_swa:
+    n_embd_per_layer = 256       # the sliding layers' heads; per-layer embedding width
+    file_bytes = { Q4_K_M = 1 }  # published GGUF sizes, bytes (cite the model card in a comment)
     tie_embeddings = false       # output.weight shares token_embd (HF tie_word_embeddings)
     license = "apache-2.0"
     chat_template = true
@@ -75,6 +82,22 @@ class CatalogEntry:
     n_expert: int = 0
     n_expert_used: int = 0
     kv_lora_rank: int = 0
+    # hybrid and Gemma-4 layouts (see ``localrun.model.synthetic.hybrid_meta`` for the header keys they become)
+    layer_pattern: str = ""  # one letter per layer: A attention, R recurrent (delta-net, Mamba-2, short conv),
+    #                          F FFN only (Nemotron-H's "-"); "" = all attention, or full_attention_interval
+    full_attention_interval: int = 0  # qwen35/qwen35moe: every Nth layer (1-based) is attention
+    ssm_conv_kernel: int = 0
+    ssm_inner_size: int = 0  # delta-net: value heads × head size; Mamba-2: d_inner
+    ssm_state_size: int = 0  # delta-net: head size; Mamba-2: d_state
+    ssm_group_count: int = 0  # delta-net: key heads; Mamba-2: groups
+    ssm_time_step_rank: int = 0  # delta-net: value heads; Mamba-2: heads
+    shortconv_l_cache: int = 0  # LFM2's conv kernel length
+    n_ff_shexp: int = 0  # shared expert FFN size
+    shared_kv_layers: int = 0  # Gemma 4: the last N layers reuse earlier KV
+    head_dim_swa: int = 0  # Gemma 4: the sliding layers' head size (head_dim = the global layers')
+    n_head_kv_swa: int = 0  # Gemma 4: the sliding layers' KV heads (n_head_kv = the global layers')
+    n_embd_per_layer: int = 0  # Gemma 4 E2B/E4B per-layer embeddings width
+    file_bytes: dict = field(default_factory=dict)  # quant → bytes of a published GGUF (cited in models.toml)
     tie_embeddings: bool = False  # output projection shares the token-embedding matrix
     license: str = ""
     chat_template: bool = True
@@ -168,6 +191,10 @@ def normalize_quant(quant: str) -> str:
 
 
 def estimate_file_bytes(entry: CatalogEntry, quant: str) -> int:
-    """Estimated GGUF size of ``entry`` at ``quant``: params_total × bits-per-weight / 8 (QUANT_BPW)."""
-    bpw = QUANT_BPW.get(normalize_quant(quant), 8.5)
+    """GGUF size of ``entry`` at ``quant``: the published size when the catalog has one (``file_bytes``), else
+    params_total × bits-per-weight / 8 (QUANT_BPW)."""
+    q = normalize_quant(quant)
+    if q in entry.file_bytes:
+        return int(entry.file_bytes[q])
+    bpw = QUANT_BPW.get(q, 8.5)
     return int(entry.params_total * bpw / 8)

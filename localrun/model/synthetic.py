@@ -104,7 +104,12 @@ def _build_tensors(shapes: tuple[tuple[str, tuple[int, ...]], ...], ftype: str, 
 
 
 def entry_shapes(e) -> list[tuple[str, tuple[int, ...]]]:
-    """llama.cpp tensor shapes (GGUF order, ne0 first) for a catalog entry's architecture."""
+    """llama.cpp tensor shapes (GGUF order, ne0 first) for a catalog entry's architecture (the hybrid and
+    Gemma-4 layouts: ``localrun.model.synthetic_hybrid``)."""
+    from localrun.model.synthetic_hybrid import HYBRID_ARCHS, hybrid_shapes
+
+    if e.arch in HYBRID_ARCHS:
+        return hybrid_shapes(e)
     hd_k, hd_v = e.head_dim, e.head_dim_v or e.head_dim
     q, kdim, vdim = e.n_head * hd_k, e.n_head_kv * hd_k, e.n_head_kv * hd_v
     rows: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (e.n_embd, e.vocab_size))]
@@ -179,6 +184,10 @@ def spec_from_entry(e, quant: str) -> ModelSpec:
         meta[f"{a}.attention.value_length"] = e.kv_lora_rank
         meta[f"{a}.attention.key_length_mla"] = e.head_dim + 64
         meta[f"{a}.attention.value_length_mla"] = e.head_dim_v or e.head_dim
+    from localrun.model.synthetic_hybrid import HYBRID_ARCHS, hybrid_meta
+
+    if a in HYBRID_ARCHS:
+        meta.update(hybrid_meta(e))
     fid = _ftype_id(quant)
     if fid is not None:
         meta["general.file_type"] = fid

@@ -1,0 +1,73 @@
+"""The 2026 catalog entries (Qwen3.6 dense and MoE, Gemma 4): `fit NAME` plans them from models.toml alone, their
+synthetic layouts agree with the model cards' parameter counts and published file sizes, and the planner's
+recurrent-state arithmetic reproduces a public llama.cpp log of a qwen35-family model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localrun.model.catalog import CatalogEntry, get_entry
+from localrun.model.synthetic import spec_from_entry
+from localrun.offload.memory import MiB, kv_cache
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("name", ["qwen3.6-27b", "qwen3.6-35b-a3b", "gemma-4-e4b"])
+def test_fit_plans_the_2026_entries_from_the_catalog(name, isolated_home, capsys):
+    """`localrun fit NAME --ctx 32768 --json` on a 24 GB GPU: from the catalog, its KV cache counted on the layers
+    that hold KV, the recurrent state (hybrids) on a line and a field of its own."""
+    from localrun.commands.fit import run_fit
+
+    assert run_fit(name, ctx=32768, preset="nvidia-24gb", json_out=True) in (0, 1)
+    d = json.loads(capsys.readouterr().out)
+    assert d["source"] == "catalog" and d["n_layers"] == get_entry(name).n_layer
+    spec = spec_from_entry(get_entry(name), d["quant"])
+    kv = kv_cache(spec, d["n_ctx"], n_parallel=1, kv_type=d["kv_type"], flash_attn=d["flash_attn"])
+    assert (d["kv_cache_bytes"], d["recurrent_bytes"]) == (kv.attn_bytes, kv.recurrent_bytes)
+    if name.startswith("qwen"):
+        assert d["recurrent_bytes"] > 0 and any(r.startswith("recurrent state") for r in d["reasons"])
+        assert len(spec.layers.kv_layers) == get_entry(name).n_layer // 4
+    else:
+        assert d["recurrent_bytes"] == 0 and len(spec.layers.kv_layers) == 42 - 18
+
+
+def test_qwen36_27b_kv_at_32k_is_a_quarter_of_an_all_layer_count():
+    """16 attention layers of 64 hold KV: 32768 × 16 × 4 KV heads × 256 × (K + V) × 2 bytes = 2 GiB (f16), a
+    quarter of what counting every layer gave; the state is 48 layers × (R 3 × 10240 + S 128 × 6144) F32."""
+    spec = spec_from_entry(get_entry("qwen3.6-27b"), "Q4_K_M")
+    kv = kv_cache(spec, 32768, flash_attn=True)
+    assert kv.attn_bytes == 32768 * 16 * 4 * 256 * 2 * 2 == 2 * GiB
+    assert kv.recurrent_bytes == 48 * (3 * (6144 + 2 * 16 * 128) + 128 * 6144) * 4
+
+
+def test_public_llamacpp_log_of_a_48_layer_qwen35_family_model():
+    """The issue's public llama.cpp log: a qwen35-family model (48 layers, 12 of them attention; 2 KV heads of
+    256; delta-net 32 V / 16 QK heads of 128) at 32k × 4 sequences: KV 768 MiB, RS 301.5 MiB = R 13.5 + S 288."""
+    e = CatalogEntry(name="qwen35-48", family="qwen3.5", arch="qwen35moe", params_total=1, params_active=1,
+                     n_layer=48, n_embd=2048, n_ff=512, n_ff_exp=512, n_ff_shexp=512, n_expert=512, n_expert_used=10,
+                     n_head=16, n_head_kv=2, head_dim=256, vocab_size=151936, n_ctx_train=262144,
+                     full_attention_interval=4, ssm_conv_kernel=4, ssm_inner_size=4096, ssm_state_size=128,
+                     ssm_group_count=16, ssm_time_step_rank=32)
+    spec = spec_from_entry(e, "Q4_K_M")
+    for unified in (False, True):
+        kv = kv_cache(spec, 8192, n_parallel=4, kv_unified=unified, flash_attn=True)
+        rs = kv.parts[-1]
+        assert kv.attn_bytes == 768 * MiB and len(spec.layers.kv_layers) == 12
+        assert (rs.k_bytes, rs.v_bytes) == (13.5 * MiB, 288 * MiB) and rs.n_layers == 36
+
+
+def test_layouts_agree_with_model_cards():
+    """Parameters against the cards (27B; 35B total / 3B active; Gemma 4 E4B ≈ 7.5B with its per-layer
+    embeddings), and the synthetic quantization mixes against published file sizes within 5 % (IQ4_XS of
+    Qwen3.6-27B, Q6_K of Gemma 4 E4B). Not held: bartowski's Q3_K_M of Qwen3.6-27B is 14 % bigger than
+    llama.cpp's plain Q3_K_M mix that localrun models (its newer rules raise the delta-net projections)."""
+    q27, q35, g4 = (get_entry(n) for n in ("qwen3.6-27b", "qwen3.6-35b-a3b", "gemma-4-e4b"))
+    assert q27.params_total == pytest.approx(27e9, rel=0.01)
+    assert q35.params_total == pytest.approx(35e9, rel=0.02) and q35.params_active == pytest.approx(3e9, rel=0.2)
+    assert g4.params_total == pytest.approx(7.5e9, rel=0.01)
+    for e, quant in ((q27, "IQ4_XS"), (g4, "Q6_K")):
+        planned = spec_from_entry(e, quant).tensor_bytes
+        assert planned == pytest.approx(e.file_bytes[quant], rel=0.05), (e.name, quant, planned)
