@@ -68,8 +68,9 @@ def http(server):
 
 
 def sse_events(http, body: dict) -> list[dict]:
-    """A streamed request's events, in order (each ``data:`` line parsed; the ``event:`` line checked)."""
-    out, name = [], None
+    """A streamed request's events, in order (each ``data:`` line parsed; the ``event:`` line checked); the
+    stream ends with ``data: [DONE]`` (the Open Responses specification's terminal event)."""
+    out, name, data = [], None, []
     with http.stream("POST", "/v1/responses", json=dict(body, stream=True)) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -77,9 +78,12 @@ def sse_events(http, body: dict) -> list[dict]:
             if line.startswith("event: "):
                 name = line[7:]
             elif line.startswith("data: "):
-                ev = json.loads(line[6:])
-                assert ev["type"] == name
-                out.append(ev)
+                data.append(line[6:])
+                if line[6:] != "[DONE]":
+                    ev = json.loads(line[6:])
+                    assert ev["type"] == name
+                    out.append(ev)
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
     return out
 
 
@@ -87,7 +91,7 @@ def comparable(resp) -> dict:
     """A response without what differs between two runs of the same request (ids, call ids, times)."""
     d = resp if isinstance(resp, dict) else resp.model_dump(exclude_none=True)
     d = json.loads(json.dumps(d))
-    for k in ("id", "created_at"):
+    for k in ("id", "created_at", "completed_at"):
         d.pop(k, None)
     for item in d.get("output", []):
         item.pop("id", None)

@@ -108,7 +108,7 @@ def test_a_forced_custom_tool_writes_its_grammar(client, server):
     with httpx.stream("POST", server.url + "/v1/responses", timeout=300, json={
             "model": "x", "input": "Call Bob.", "tools": [SHELL, PHONE], "temperature": 0, "max_output_tokens": 30,
             "tool_choice": {"type": "custom", "name": "dial"}, "stream": True}) as s:
-        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ") and line[6:] != "[DONE]"]
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta")
     done = [e for e in events if e["type"] == "response.custom_tool_call_input.done"]
     assert deltas == done[0]["input"] == r2.output[0].input

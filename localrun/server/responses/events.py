@@ -11,6 +11,10 @@ opens no message. Stream events per item (OpenAI's sequence): ``response.output_
 ``response.content_part.added``, deltas (``response.reasoning_text.delta``, ``response.output_text.delta``,
 ``response.function_call_arguments.delta``, ``response.custom_tool_call_input.delta``), their ``.done``,
 ``response.content_part.done``, ``response.output_item.done``.
+
+Every item carries a ``status``: ``in_progress`` when added, ``completed`` when done, ``incomplete`` for the
+item a token limit cut (``finish(incomplete=True)``): the last item, in a response whose status is
+``incomplete`` too (Open Responses specification, "Items are state machines").
 """
 
 from __future__ import annotations
@@ -68,9 +72,10 @@ class OutputBuilder:
             return self._close(arguments=e.arguments)
         return []
 
-    def finish(self) -> list[dict]:
-        """Close the open item (the reply ended). → its closing events."""
-        return self._close()
+    def finish(self, incomplete: bool = False) -> list[dict]:
+        """Close the open item (the reply ended). ``incomplete``: the reply was cut (``max_output_tokens``,
+        the context), so the open item is ``incomplete``, not ``completed``. → its closing events."""
+        return self._close(status="incomplete" if incomplete else "completed")
 
     # ------------------------------------------------------------------ items
     def _index(self) -> int:
@@ -90,7 +95,8 @@ class OutputBuilder:
         out = []
         if self._open is None or self._open["type"] != "reasoning":
             out += self._close()
-            out += self._begin({"id": new_id("rs"), "type": "reasoning", "summary": [], "content": []},
+            out += self._begin({"id": new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                                "content": []},
                                {"type": "reasoning_text", "text": ""})
         self._text.append(text)
         out.append({"type": "response.reasoning_text.delta", "item_id": self._open["id"],
@@ -138,13 +144,14 @@ class OutputBuilder:
         self._calls[e.index] = item
         return out + self._begin(item, None)
 
-    def _close(self, arguments: dict | None = None) -> list[dict]:
+    def _close(self, arguments: dict | None = None, status: str = "completed") -> list[dict]:
         item = self._open
         if item is None:
             return []
         self._open = None
         text, i = "".join(self._text), self._index()
         kind, out = item["type"], []
+        item["status"] = status
         if kind == "reasoning":
             part = {"type": "reasoning_text", "text": text}
             item["content"] = [part]
@@ -157,14 +164,12 @@ class OutputBuilder:
         elif kind == "message":
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             item["content"] = [part]
-            item["status"] = "completed"
             out += [{"type": "response.output_text.done", "item_id": item["id"], "output_index": i,
                      "content_index": 0, "text": text, "logprobs": []},
                     {"type": "response.content_part.done", "item_id": item["id"], "output_index": i,
                      "content_index": 0, "part": _copy(part)}]
         elif kind == "function_call":
             item["arguments"] = text or json.dumps(arguments or {})
-            item["status"] = "completed"
             out.append({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": i,
                         "name": item["name"], "arguments": item["arguments"]})
         else:  # custom_tool_call
@@ -177,7 +182,6 @@ class OutputBuilder:
                 out.append({"type": "response.custom_tool_call_input.delta", "item_id": item["id"],
                             "output_index": i, "delta": value})
             item["input"] = value
-            item["status"] = "completed"
             out.append({"type": "response.custom_tool_call_input.done", "item_id": item["id"], "output_index": i,
                         "input": value})
         out.append({"type": "response.output_item.done", "output_index": i, "item": _copy(item)})

@@ -5,7 +5,14 @@ A request runs as a chat request does (``reply.prepare_chat`` → the scheduler 
 ``events.OutputBuilder`` turns the reply into output items, and the streaming answer sends each item's events
 between ``response.created``/``response.in_progress`` and ``response.completed`` (``response.incomplete``
 when ``max_output_tokens`` ended it, ``response.failed`` on an error), every event with its
-``sequence_number``. ``store`` (default true) keeps the response in ``store.ResponseStore``.
+``sequence_number``, and ends with ``data: [DONE]``. ``store`` (default true) keeps the response in
+``store.ResponseStore``.
+
+The response object has every field the Open Responses specification requires (its ``ResponseResource``
+schema, tests/data/openresponses/), in every event that carries it: the sampling settings the reply ran with
+(``temperature``, ``top_p``, the penalties; never null), ``completed_at`` (null until completed), the
+client's ``safety_identifier``/``prompt_cache_key`` echoed, each function tool with its ``description`` and
+``strict``.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         if setup.forced_custom is not None:
             opts.tools, opts.tool_choice = None, None
         job = await st.start(request, tokens, params)
-        base = _skeleton(req, st.model_id, dropped)
+        base = _skeleton(req, st.model_id, dropped, params)
         builder = OutputBuilder(custom=set(setup.custom), forced_custom=setup.forced_custom,
                                 encrypted_reasoning="reasoning.encrypted_content" in (req.include or []),
                                 namespaces=setup.namespaces)
@@ -88,7 +95,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                     finish = e
                 else:
                     builder.feed(e)
-            builder.finish()
+            builder.finish(incomplete=finish.reason == "length")
             return finished(finish)
         return st.stream(job, _events(reply_events(st, job, family, opts), base, builder, finished),
                          "text/event-stream")
@@ -123,9 +130,13 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
                 "last_id": page[-1]["id"] if page else None, "has_more": len(data) > limit}
 
 
+DONE = "data: [DONE]\n\n"  # the stream's last line (Open Responses: "The terminal event MUST be [DONE]")
+
+
 async def _events(replies, base: dict, builder: OutputBuilder, finished):
     """The SSE stream of one response: ``event:`` and ``data:`` lines, each event with its
-    ``sequence_number`` (module docstring); ``finished(finish)`` makes the final response."""
+    ``sequence_number`` (module docstring), then ``data: [DONE]``; ``finished(finish)`` makes the final
+    response."""
     seq = 0
 
     def sse(event: dict) -> str:
@@ -139,11 +150,12 @@ async def _events(replies, base: dict, builder: OutputBuilder, finished):
     try:
         async for e in replies:
             if isinstance(e, Finish):
-                for ev in builder.finish():
+                for ev in builder.finish(incomplete=e.reason == "length"):
                     yield sse(ev)
                 resp = finished(e)
                 kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
                 yield sse({"type": kind, "response": resp})
+                yield DONE
                 return
             for ev in builder.feed(e):
                 yield sse(ev)
@@ -152,6 +164,7 @@ async def _events(replies, base: dict, builder: OutputBuilder, finished):
         failed = dict(base, status="failed", output=builder.output,
                       error={"code": err.get("code") or err["type"], "message": err["message"]})
         yield sse({"type": "response.failed", "response": failed})
+        yield DONE
 
 
 def _refuse_unbuilt(req: ResponsesRequest) -> None:
@@ -232,35 +245,68 @@ def _next_turn(items: list[dict], start: int) -> int | None:
     return None
 
 
-def _skeleton(req: ResponsesRequest, model_id: str, dropped: int) -> dict:
-    """The response object before its output: what ``response.created`` carries."""
-    fmt = req.text.format if req.text is not None and req.text.format is not None else None
+def _skeleton(req: ResponsesRequest, model_id: str, dropped: int, params: SamplingParams) -> dict:
+    """The response object before its output: what ``response.created`` carries. ``params``: the sampling
+    the reply runs with (the request's values over llama.cpp's defaults), echoed as numbers."""
     meta = dict(req.metadata or {})
     if dropped:
         log.info("responses: truncation dropped the %d oldest input items", dropped)
-    return {"id": cv.new_id("resp"), "object": "response", "created_at": int(time.time()), "status": "in_progress",
-            "background": False, "error": None, "incomplete_details": None, "instructions": req.instructions,
-            "max_output_tokens": req.max_output_tokens, "max_tool_calls": None, "model": model_id, "output": [],
+    return {"id": cv.new_id("resp"), "object": "response", "created_at": int(time.time()), "completed_at": None,
+            "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
+            "model": model_id, "output": [],
             "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
             "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
                           "summary": req.reasoning.summary if req.reasoning else None},
             "service_tier": "default", "store": req.store is not False,
-            "temperature": req.temperature, "top_p": req.top_p,
-            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
-            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
-            "truncation": req.truncation or "disabled", "usage": None, "user": req.user, "metadata": meta}
+            "temperature": float(params.temperature), "top_p": float(params.top_p),
+            "presence_penalty": float(params.presence_penalty), "frequency_penalty": float(params.frequency_penalty),
+            "top_logprobs": 0,  # no logprobs are returned on this route
+            "text": {"format": _format_echo(req.text.format if req.text is not None else None)},
+            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+            "tools": _tools_echo(req.tools), "truncation": req.truncation or "disabled", "usage": None,
+            "user": req.user, "metadata": meta, "safety_identifier": req.safety_identifier,
+            "prompt_cache_key": req.prompt_cache_key}
+
+
+def _format_echo(fmt) -> dict:
+    """``text.format`` as the response echoes it: a ``json_schema`` one with every field the specification
+    requires (``description`` null and ``strict`` false when not sent)."""
+    if fmt is None:
+        return {"type": "text"}
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    return {"type": "json_schema", "name": fmt.name or "", "description": fmt.description, "schema": fmt.schema_,
+            "strict": fmt.strict is True}
+
+
+def _tools_echo(tools: list[dict] | None) -> list[dict]:
+    """The tools the model was offered, as the response echoes them: a function tool with ``description``
+    and ``parameters`` (null when not sent) and ``strict`` (true only when the client asked: otherwise its
+    schema is enforced as far as the constraint engine can, convert.py); custom and namespace tools as
+    sent. Hosted tools (left out, ``convert.tool_setup``) are not echoed: the model never had them."""
+    out = []
+    for t in tools or []:
+        kind = t.get("type")
+        if kind == "function":
+            out.append(dict(t, description=t.get("description"), parameters=t.get("parameters"),
+                            strict=t.get("strict") is True))
+        elif kind in ("custom", "namespace"):
+            out.append(t)
+    return out
 
 
 def _final(base: dict, output: list[dict], finish: Finish, params: SamplingParams | None = None) -> dict:
-    """The finished response: status ``completed``, or ``incomplete`` (``max_output_tokens``) when the
+    """The finished response: status ``completed`` (with ``completed_at``), or ``incomplete``
+    (``max_output_tokens``; its last item ``incomplete`` too, ``OutputBuilder.finish``) when the
     token limit or the context ended it, or the loop guard ended a ``text.format`` answer (``params``'
     constraint) before it completed (``wire.wire_reason``; ``incomplete_details.message`` says so, localrun's
     extension); usage in the Responses API's names."""
     s = finish.stats or Stats()
-    resp = dict(base, output=json.loads(json.dumps(output)), status="completed")
+    resp = dict(base, output=json.loads(json.dumps(output)), status="completed", completed_at=int(time.time()))
     if finish.reason == "length":
-        resp["status"] = "incomplete"
+        resp["status"], resp["completed_at"] = "incomplete", None
         resp["incomplete_details"] = {"reason": "max_output_tokens"}
         if finish.looped and params is not None and params.constraint is not None:
             resp["incomplete_details"]["message"] = cut_message(params, looped=True)

@@ -17,9 +17,9 @@ from localrun.server.wire import INT32_MAX, WireModel
 class TextFormat(WireModel):
     """``text.format``: ``text``, ``json_object`` or ``json_schema`` (with ``schema``, ``name``, ``strict``)."""
 
-    _ignored = frozenset({"description"})
     type: Literal["text", "json_object", "json_schema"]
     name: StrictStr | None = None
+    description: StrictStr | None = None  # echoed on the response (the model is not shown it)
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
 
@@ -42,9 +42,9 @@ class ResponsesRequest(WireModel):
     """``POST /v1/responses``. localrun's extensions (as on chat completions): ``top_k``, ``min_p``,
     ``seed``, ``stop``, the penalties."""
 
-    _ignored = frozenset({"metadata", "user", "truncation", "prompt_cache_key", "prompt_cache_retention",
-                          "service_tier", "safety_identifier", "stream_options", "parallel_tool_calls",
-                          "top_logprobs", "context_management", "client_metadata"})
+    _ignored = frozenset({"metadata", "user", "truncation", "prompt_cache_retention", "service_tier",
+                          "stream_options", "parallel_tool_calls", "top_logprobs", "context_management",
+                          "client_metadata"})
     model: StrictStr | None = None
     input: Union[StrictStr, list[dict[str, Any]]] | None = None
     instructions: StrictStr | None = None
@@ -64,6 +64,8 @@ class ResponsesRequest(WireModel):
     parallel_tool_calls: StrictBool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: StrictStr | None = None
+    safety_identifier: StrictStr | None = None  # echoed on the response, otherwise unused
+    prompt_cache_key: StrictStr | None = None  # echoed; the prefix cache needs no key
     conversation: Any = None  # the Conversations API: not built (a 400 says so)
     prompt: Any = None  # a prompt template stored at OpenAI: not available locally (a 400 says so)
     # localrun's extensions (the sampling fields chat completions take)

@@ -34,6 +34,27 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at);
 """
 
 
+# Fields of the response object that rows stored by an older localrun lack (the Open Responses schema requires
+# them). top_logprobs was 0 (none are returned); the penalties were not recorded: their default (0) is given,
+# which is what ran unless that request set one.
+_ADDED_FIELDS = {"completed_at": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+                 "safety_identifier": None, "prompt_cache_key": None}
+
+
+def _current(response: dict) -> dict:
+    """A stored response in today's shape: the fields an older row lacks added (``_ADDED_FIELDS``), and a
+    null ``temperature``/``top_p`` (the client sent none, so llama.cpp's default ran, ``SamplingParams``)
+    given that default."""
+    from localrun.backends.base import SamplingParams
+
+    for k, v in _ADDED_FIELDS.items():
+        response.setdefault(k, v)
+    for k in ("temperature", "top_p"):
+        if response.get(k) is None:
+            response[k] = getattr(SamplingParams, k)
+    return response
+
+
 def owner_of(api_key: str | None) -> str:
     """The ``owner`` column for a client's API key (None: no key sent)."""
     return hashlib.sha256((api_key or "").encode()).hexdigest()
@@ -72,7 +93,7 @@ class ResponseStore:
                                  (rid,)).fetchone()
         if r is None or (self.scoped and r[0] != owner):
             return None
-        return {"response": json.loads(r[1]), "input": json.loads(r[2]), "previous_id": r[3]}
+        return {"response": _current(json.loads(r[1])), "input": json.loads(r[2]), "previous_id": r[3]}
 
     def conversation(self, rid: str, owner: str, max_turns: int = 100_000) -> list[dict] | None:
         """Every item of the conversation ending with ``rid``, oldest first: each turn's input, then its
