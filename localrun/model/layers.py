@@ -6,16 +6,13 @@ Sources (the llama.cpp vendored by llama-cpp-python 0.3.36): ``src/llama-model.c
 ``create_memory`` (the hybrid caches' layer filters), each arch's ``load_arch_hparams`` in
 ``src/models/<arch>.cpp`` (which layers are recurrent), ``src/llama-hparams.cpp`` (``n_embd_r``,
 ``n_embd_s``, ``has_kv``, ``n_embd_head_k(il)``), ``src/llama-kv-cache.cpp`` (the ``has_kv`` and filter
-checks per layer). Pure: no llama.cpp import.
+checks per layer). Pure: no llama.cpp import. ``spec`` arguments are ``localrun.model.spec.ModelSpec``s
+(not imported: spec.py imports this module).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from localrun.model.spec import ModelSpec
 
 # llama-arch.cpp llm_arch_is_recurrent: every layer holds a recurrent state, none a KV cache
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -68,7 +65,7 @@ class LayerMemory:
         return self.r_floats * 4, self.s_floats * 4
 
 
-def _per_layer(spec: ModelSpec, key: str, n: int, default: int = 0) -> list[int]:
+def _per_layer(spec, key: str, n: int, default: int = 0) -> list[int]:
     """llama_model_loader get_key_or_arr: an array per layer, or one scalar for all."""
     v = spec.meta(key)
     if v is None:
@@ -78,7 +75,7 @@ def _per_layer(spec: ModelSpec, key: str, n: int, default: int = 0) -> list[int]
     return [int(v)] * n
 
 
-def _recurrent_flags(spec: ModelSpec, n_all: int, n_trunk: int, hkv: list[int], n_ff: list[int]) -> list[bool]:
+def _recurrent_flags(spec, n_all: int, n_trunk: int, hkv: list[int], n_ff: list[int]) -> list[bool]:
     arch = spec.arch
     if arch in RECURRENT_ARCHS:
         return [il < n_trunk for il in range(n_all)]
@@ -97,7 +94,7 @@ def _recurrent_flags(spec: ModelSpec, n_all: int, n_trunk: int, hkv: list[int], 
     return [False] * n_all
 
 
-def _state_floats(spec: ModelSpec) -> tuple[int, int]:
+def _state_floats(spec) -> tuple[int, int]:
     """(n_embd_r, n_embd_s) per llama-hparams.cpp."""
     n_embd = spec.n_embd
     if spec.arch.startswith("rwkv") or spec.arch == "arwkv7":
@@ -114,7 +111,7 @@ def _state_floats(spec: ModelSpec) -> tuple[int, int]:
     return (max(d_conv - 1, 0)) * (d_inner + 2 * n_group * d_state), d_state * d_inner
 
 
-def layer_memory(spec: ModelSpec) -> LayerMemory:
+def layer_memory(spec) -> LayerMemory:
     """The per-layer facts of ``spec`` (see ``LayerMemory``)."""
     n_all = spec.n_layer
     n_trunk = n_all - int(spec.meta(".nextn_predict_layers", 0) or 0)
