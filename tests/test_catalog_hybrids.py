@@ -1,4 +1,4 @@
-"""The 2026 catalog entries (Qwen3.6 dense and MoE, Gemma 4): `fit NAME` plans them from models.toml alone, their
+"""The 2026 catalog entries (Qwen3.6 dense and MoE, Gemma 4, LFM2): `fit NAME` plans them from models.toml alone, their
 synthetic layouts agree with the model cards' parameter counts and published file sizes, and the planner's
 recurrent-state arithmetic reproduces a public llama.cpp log of a qwen35-family model."""
 
@@ -15,7 +15,10 @@ from localrun.offload.memory import MiB, kv_cache
 GiB = 1 << 30
 
 
-@pytest.mark.parametrize("name", ["qwen3.6-27b", "qwen3.6-35b-a3b", "gemma-4-e4b"])
+KV_LAYERS = {"qwen3.6-27b": 16, "qwen3.6-35b-a3b": 10, "gemma-4-e4b": 42 - 18, "lfm2-1.2b": 6, "lfm2-2.6b": 8}
+
+
+@pytest.mark.parametrize("name", list(KV_LAYERS))
 def test_fit_plans_the_2026_entries_from_the_catalog(name, isolated_home, capsys):
     """`localrun fit NAME --ctx 32768 --json` on a 24 GB GPU: from the catalog, its KV cache counted on the layers
     that hold KV, the recurrent state (hybrids) on a line and a field of its own."""
@@ -27,11 +30,10 @@ def test_fit_plans_the_2026_entries_from_the_catalog(name, isolated_home, capsys
     spec = spec_from_entry(get_entry(name), d["quant"])
     kv = kv_cache(spec, d["n_ctx"], n_parallel=1, kv_type=d["kv_type"], flash_attn=d["flash_attn"])
     assert (d["kv_cache_bytes"], d["recurrent_bytes"]) == (kv.attn_bytes, kv.recurrent_bytes)
-    if name.startswith("qwen"):
-        assert d["recurrent_bytes"] > 0 and any(r.startswith("recurrent state") for r in d["reasons"])
-        assert len(spec.layers.kv_layers) == get_entry(name).n_layer // 4
-    else:
-        assert d["recurrent_bytes"] == 0 and len(spec.layers.kv_layers) == 42 - 18
+    assert len(spec.layers.kv_layers) == KV_LAYERS[name]
+    hybrid = not name.startswith("gemma")
+    assert (d["recurrent_bytes"] > 0) == hybrid
+    assert any(r.startswith("recurrent state") for r in d["reasons"]) == hybrid
 
 
 def test_qwen36_27b_kv_at_32k_is_a_quarter_of_an_all_layer_count():

@@ -37,8 +37,16 @@ KV_SIZE = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB \( *(\d+) cells, +(\d+
 
 
 # ------------------------------------------------------------------------------------------ header facts
+_HEADERS: dict = {}
+
+
 def _header(tmp_path, arch, **kw):
-    return read_gguf(WRITERS[arch](tmp_path / f"{arch}.gguf", tokenizer_from=False, **kw))
+    """A header-only file of ``arch`` (no tokenizer, 256 embedding rows), written once per module."""
+    key = (arch, tuple(sorted(kw.items())))
+    if key not in _HEADERS:
+        path = tmp_path / (arch + "".join(f"-{k}{v}" for k, v in sorted(kw.items())) + ".gguf")
+        _HEADERS[key] = read_gguf(WRITERS[arch](path, tokenizer_from=False, **kw))
+    return _HEADERS[key]
 
 
 def test_layer_kinds_and_state_sizes_from_the_header(tmp_path):
