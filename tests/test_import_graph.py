@@ -7,7 +7,8 @@ Layers, bottom to top (docs/architecture.md §6):
    (hardware, presets, measurements), ``store/`` (resolve, pull, download, info), ``offload/`` (pure),
    ``dialects/`` (template families, the reply parser; pure);
 2. ``backends/`` — the Engine / BatchEngine contract and its implementations;
-3. ``loading`` — MODEL → plan → loaded engine;
+3. ``loading`` — MODEL → plan → loaded engine; ``agent/`` — tools, MCP client, approvals, the agent loop and
+   compaction (it calls the engine contract; chat/ and server/ use it, so it sits below them);
 4. on top of an engine: ``server/``, ``bench/``, ``chat/`` (session, REPL, slash-command help);
 5. the CLI: ``cli``, ``commands/``.
 
@@ -29,11 +30,11 @@ LAYERS = {
     0: ("localrun", "localrun.errors", "localrun.units", "localrun.config", "localrun.render"),
     1: ("localrun.model", "localrun.machine", "localrun.store", "localrun.offload", "localrun.dialects"),
     2: ("localrun.backends", "localrun.constrain"),
-    3: ("localrun.loading",),
+    3: ("localrun.loading", "localrun.agent"),
     4: ("localrun.server", "localrun.bench", "localrun.chat"),
     5: ("localrun.cli", "localrun.__main__", "localrun.commands"),
 }
-LAYER_NAMES = {0: "foundation", 1: "model/machine/store/planner", 2: "backends", 3: "loading",
+LAYER_NAMES = {0: "foundation", 1: "model/machine/store/planner", 2: "backends", 3: "loading/agent",
                4: "server/bench/chat", 5: "CLI"}
 
 

@@ -15,6 +15,14 @@ Commands:
   /save FILE         save the conversation as JSON
   /load FILE         load a conversation saved with /save
   /exit, /bye        leave (Ctrl-D too)
+Agent mode (--tools, --mcp; docs/chat.md "Agent mode"):
+  /tools             the tools on offer; /tools read,write,shell sets the built-in sets (/tools off: none)
+  /mcp               the MCP servers, their tools, resources and prompts
+  /mcp connect NAME [COMMAND ARGS… | URL]   start a server of the --mcp config, or a new one
+  /mcp drop NAME     stop a server (its tools are no longer offered)
+  /mcp read NAME URI show a resource; /mcp prompt NAME PROMPT [k=v …] sends a server's prompt
+  /approvals         the tool calls of this session and what was decided
+  /undo-compact      restore the history as it was before the last compaction
 Input:
   \"\"\" starts and ends a multi-line message; a line ending in \\ continues on the next line;
   Esc then Enter inserts a newline. Up/Down recall earlier input.

@@ -13,7 +13,11 @@ for the answer, the context policy decides:
 * ``stop`` — refuse the turn (ContextOverflowError); the history is untouched;
 * ``truncate-oldest`` (default) — drop the oldest user/assistant turns, keeping the system prompt;
 * ``rolling`` — drop the oldest messages one at a time and, if one message alone is too long, keep only
-  its most recent part (a rolling window over the conversation).
+  its most recent part (a rolling window over the conversation);
+* ``compact`` (the default in agent mode) — past 0.8 of the window the older turns are replaced by a
+  summary the model writes (``agent.compact``: a fork of the cached conversation; the last user turns
+  kept whole; ``/undo-compact`` restores the history as it was); what still does not fit is dropped as
+  with ``truncate-oldest``.
 
 What was dropped is reported in ``ChatSession.notices`` so the UI can show it.
 """
@@ -24,10 +28,11 @@ import json
 import os
 import tempfile
 import threading
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, ClassVar, Iterator
 
 from localrun.backends.base import Chunk, Message, SamplingParams, Stats
 from localrun.backends.images import IMAGE_MARKER
@@ -36,7 +41,7 @@ from localrun.dialects import Delta, Family, ReplyParser, detect_family
 from localrun.dialects.history import messages_for_template
 from localrun.errors import ConfigError, ContextOverflowError
 
-CONTEXT_POLICIES = ("stop", "truncate-oldest", "rolling")
+CONTEXT_POLICIES = ("stop", "truncate-oldest", "rolling", "compact")
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
@@ -46,11 +51,14 @@ class ChatMessage(Message):
     under ``"thinking"``, which ``dialects.history`` reads)."""
 
     thinking: str | None = None
+    tool_call_id: str | None = None  # a ``tool`` message: the call it answers
 
     def to_dict(self) -> dict:
         d = super().to_dict()
         if self.thinking:
             d["thinking"] = self.thinking
+        if self.tool_call_id:
+            d["tool_call_id"] = self.tool_call_id
         return d
 
 
@@ -72,6 +80,7 @@ def check_context_policy(policy: str) -> str:
 
 @dataclass
 class ChatSession:
+    message_class: ClassVar[type] = ChatMessage  # what the history holds (agent.loop makes its turns with it)
     engine: object
     params: SamplingParams
     system: str | None = DEFAULT_SYSTEM_PROMPT
@@ -87,6 +96,8 @@ class ChatSession:
     # called with what the context policy dropped, before the answer starts (None: it joins ``notices``)
     on_notice: Callable[[str], None] | None = None
     images: list = field(default_factory=list)  # backends.images.ImageInput for the next message (/image PATH)
+    compacted: list[list[Message]] = field(default_factory=list)  # the histories before each compaction
+    last_compaction: object = None  # agent.compact.Compaction of the last compaction
 
     def __post_init__(self) -> None:
         check_context_policy(self.context_policy)
@@ -130,6 +141,10 @@ class ChatSession:
         budget = self.engine.n_ctx - self.reserve_tokens
         sys_msgs = self._system_messages()
         n = self.prompt_tokens(sys_msgs + pending)
+        if self.context_policy == "compact" and n > self.compact_at * self.engine.n_ctx:
+            self.compact(pending[len(self.messages):])
+            pending = self.messages + pending[-1:]
+            n = self.prompt_tokens(sys_msgs + pending)
         if n <= budget:
             return pending
         if self.context_policy == "stop":
@@ -137,7 +152,7 @@ class ChatSession:
                                        hint="/clear the history, raise --ctx, or use --context-policy truncate-oldest")
         dropped = 0
         msgs = list(pending)
-        if self.context_policy == "truncate-oldest":
+        if self.context_policy in ("truncate-oldest", "compact"):
             while len(msgs) > 1 and n > budget:
                 # drop the oldest turn: a user message and the answer that follows it
                 k = 2 if len(msgs) > 2 and msgs[1].role == "assistant" else 1
@@ -168,6 +183,29 @@ class ChatSession:
             )
         return msgs
 
+    compact_at = 0.8  # the ``compact`` policy's threshold, a fraction of n_ctx (agent.compact.COMPACT_AT)
+
+    def compact(self, extra: list | None = None, stepper=None):
+        """Compact the history now (``agent.compact.compact``; ``extra``: messages about to join it, kept) →
+        the Compaction, or None when there was nothing older to summarize; its line goes to the notices."""
+        from localrun.agent.compact import compact
+        from localrun.agent.step import Stepper
+
+        done = compact(self, stepper or Stepper(self, None), extra or [])
+        if done is not None:
+            self.last_compaction = done
+            self._notice(done.line())
+        return done
+
+    def undo_compact(self) -> int:
+        """Restore the history as it was before the last compaction → its message count. Raises ConfigError
+        when nothing was compacted."""
+        if not self.compacted:
+            raise ConfigError("nothing to undo: the conversation has not been compacted",
+                              hint="compaction happens with --context-policy compact (the default with tools)")
+        self.messages = self.compacted.pop()
+        return len(self.messages)
+
     def _notice(self, text: str) -> None:
         """What the context policy dropped: said at once (``on_notice``, before the answer), else kept."""
         if self.on_notice is not None:
@@ -186,42 +224,72 @@ class ChatSession:
         user = ChatMessage("user", IMAGE_MARKER * len(self.images) + text, images=self.images or None)
         self.images = []
         pending = self._fit(self.messages + [user])
-        self._end = threading.Event()
-        setup = turn_setup(self.family, self.params, think=self.think, budget=self.reasoning_budget,
-                           end_thinking=self._end)
+        setup = self.setup()
         tokens = self.render(self._system_messages() + pending, setup.kwargs)
         parser = ReplyParser(self.family, thinking=setup.thinking, tools=False)
-        self._meter = meter = ThinkingMeter(self.family, setup.thinking)
-        self.thought = meter.thought if setup.thinking else None
         answer: list[str] = []
         thinking: list[str] = []
-        finished = False
         try:
-            for chunk in self.engine.generate(tokens, setup.params):
-                events = parser.feed(chunk.text) if chunk.text else []
-                if chunk.finish_reason:
-                    events += parser.finish()
-                ans = "".join(e.text for e in events if isinstance(e, Delta) and e.channel == "content")
-                if not any(answer):
-                    ans = ans.lstrip()  # the newlines a template's empty thinking block leaves (thinking off)
-                th = "".join(e.text for e in events if isinstance(e, Delta) and e.channel == "thinking")
-                meter.add(chunk.text, chunk.token_id is not None, bool(ans.strip()))
-                answer.append(ans)
-                thinking.append(th)
-                if chunk.finish_reason:
-                    self.last_stats = chunk.stats
-                    finished = True
-                    self._note_finish(chunk)
-                yield Piece(ans, chunk.token_id, chunk.finish_reason, chunk.stats, chunk.logprobs, thinking=th)
+            with closing(self.stream_reply(tokens, setup, parser)) as stream:  # closed now on Ctrl-C
+                for piece in stream:
+                    answer.append(piece.text)
+                    thinking.append(piece.thinking)
+                    yield piece
         finally:
             # keep the turn even when interrupted (Ctrl-C): the user saw this text
             self.messages = pending + [ChatMessage("assistant", "".join(answer),
                                                    thinking="".join(thinking).strip() or None)]
             self.turns += 1
+
+    def setup(self, *, constrained: bool = False):
+        """This turn's template kwargs, sampling parameters and whether it thinks (``chat.thinking.turn_setup``)
+        with a fresh ``end_thinking`` event. ``constrained``: the whole answer is held to a grammar from its
+        first token (a tool call), so a template with a thinking switch has thinking off."""
+        self._end = threading.Event()
+        t = self.family.thinking
+        think = False if constrained and t is not None and t.toggle_kwarg else self.think
+        return turn_setup(self.family, self.params, think=think, budget=self.reasoning_budget, end_thinking=self._end)
+
+    def stream_reply(self, tokens: list[int], setup, parser: ReplyParser,
+                     events: list | None = None) -> Iterator[Piece]:
+        """Generate from ``tokens`` with ``setup`` (``setup()``), split by ``parser``: yields ``Piece``s
+        (answer and thinking text), meters the thinking (``thought``), sets ``last_stats`` and the finish
+        notices, says "interrupted" when closed early. The parser's other events (tool calls) are appended
+        to ``events``. Records nothing in the history (the caller does)."""
+        self._meter = meter = ThinkingMeter(self.family, setup.thinking)
+        self.thought = meter.thought if setup.thinking else None
+        finished = False
+        try:
+            with closing(self.engine.generate(tokens, setup.params)) as gen:  # closing it stops the decoding
+                finished = yield from self._pieces(gen, parser, meter, events)
+        finally:
             if self.thought is not None and not meter.seen:
                 self.thought = None  # the model answered without thinking
             if not finished:
                 self.notices.append("interrupted: the partial answer is kept in the history")
+
+    def _pieces(self, gen, parser: ReplyParser, meter: ThinkingMeter, events: list | None):
+        """``stream_reply``'s loop: the engine's chunks → Pieces; returns whether the last one finished."""
+        started = finished = False
+        for chunk in gen:
+            evs = parser.feed(chunk.text) if chunk.text else []
+            if chunk.finish_reason:
+                evs += parser.finish()
+            ans = "".join(e.text for e in evs if isinstance(e, Delta) and e.channel == "content")
+            if not started:
+                ans = ans.lstrip()  # the newlines a template's empty thinking block leaves (thinking off)
+                started = bool(ans)
+            th = "".join(e.text for e in evs if isinstance(e, Delta) and e.channel == "thinking")
+            if events is not None:
+                events.extend(e for e in evs if not isinstance(e, Delta))
+            meter.add(chunk.text, chunk.token_id is not None, bool(ans.strip()) or any(
+                not isinstance(e, Delta) for e in evs))
+            if chunk.finish_reason:
+                self.last_stats = chunk.stats
+                finished = True
+                self._note_finish(chunk)
+            yield Piece(ans, chunk.token_id, chunk.finish_reason, chunk.stats, chunk.logprobs, thinking=th)
+        return finished
 
     @property
     def thinking_open(self) -> bool:
@@ -362,15 +430,17 @@ class ChatSession:
         for m in raw:
             if (
                 not isinstance(m, dict)
-                or m.get("role") not in ("system", "user", "assistant")
+                or m.get("role") not in ("system", "user", "assistant", "tool")
                 or not isinstance(m.get("content"), str)
             ):
-                raise ConfigError(f"{p}: each message needs a role (system/user/assistant) and text content")
+                raise ConfigError(f"{p}: each message needs a role (system/user/assistant/tool) and text content")
             if m["role"] == "system":
                 system = m["content"]
             else:
                 thinking = next((m[k] for k in ("thinking", "reasoning_content") if isinstance(m.get(k), str)), None)
-                msgs.append(ChatMessage(m["role"], m["content"], thinking=thinking or None))
+                calls = m.get("tool_calls") if isinstance(m.get("tool_calls"), list) else None
+                msgs.append(ChatMessage(m["role"], m["content"], tool_calls=calls, name=m.get("name"),
+                                        thinking=thinking or None, tool_call_id=m.get("tool_call_id")))
         self.messages, self.system = msgs, system
         self.kv_restored_tokens = self._load_kv(kv_path(p))
         return len(msgs)

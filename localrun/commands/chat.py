@@ -62,8 +62,9 @@ def register(app: typer.Typer) -> None:
         raw: bool = typer.Option(False, "--raw", help="Plain text completion, no chat template (for base models)."),
         chat_template: Optional[str] = typer.Option(None, "--chat-template",
             help="chatml, llama3, gemma, mistral, phi3, or a Jinja file."),
-        context_policy: str = typer.Option("truncate-oldest", "--context-policy",
-            help="When the context is full: stop, truncate-oldest, rolling."),
+        context_policy: Optional[str] = typer.Option(None, "--context-policy",
+            help="When the context is full: stop, truncate-oldest, rolling, compact (a summary the model "
+                 "writes; /undo-compact). Default: compact with tools, else truncate-oldest."),
         force: bool = typer.Option(False, "--force", help="Load even if the plan says it does not fit."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the plan and stats in one-shot mode."),
         json_schema: Optional[Path] = typer.Option(None, "--json-schema", metavar="FILE",
@@ -93,6 +94,19 @@ def register(app: typer.Typer) -> None:
             help="Keep the vision projector on the CPU."),
         image: List[Path] = typer.Option([], "--image", metavar="PATH",
             help="An image sent with the -p prompt (repeatable; /image PATH in chat)."),
+        tools: Optional[str] = typer.Option(None, "--tools", metavar="read,write,shell",
+            help="Agent mode: built-in tools the model may call (read files; write/edit files; run shell "
+                 "commands). Off unless given; writes and commands ask first (/tools in chat)."),
+        mcp: Optional[Path] = typer.Option(None, "--mcp", metavar="CONFIG",
+            help="Agent mode: MCP servers from an mcpServers JSON file (the Claude Desktop / Cursor / LM Studio "
+                 "format), stdio or streamable HTTP; their tools are offered to the model (/mcp in chat)."),
+        auto_approve: bool = typer.Option(False, "--auto-approve",
+            help="Agent mode: allow every tool call without asking (for scripts; `run --yes` is the download's)."),
+        max_steps: int = typer.Option(10, "--max-steps", min=1,
+            help="Agent mode: model steps (tool call rounds) per message at most."),
+        tool_choice: str = typer.Option("auto", "--tool-choice", metavar="auto|required|NAME",
+            help="Agent mode: the first step of each message must call a tool (required) or the tool NAME "
+                 "(constrained decoding)."),
         rpc: Optional[str] = typer.Option(None, "--rpc", metavar="HOST:PORT,…",
             help="RPC workers (`localrun worker`) to split the model over, planned per device. llama.cpp ends "
                  "this process if a worker goes away mid-answer (serve --rpc survives it)."),
@@ -104,9 +118,13 @@ def register(app: typer.Typer) -> None:
         from localrun.loading import load_model
         from localrun.render import stderr
 
+        agent_mode = bool(tools or mcp)
+        if context_policy is None:
+            context_policy = "compact" if agent_mode else "truncate-oldest"
         check_context_policy(context_policy)  # a mistyped flag is said before a model loads (seconds to minutes)
         err = stderr()
         interactive = prompt is None and sys.stdin.isatty()
+        tool_sets = _tool_sets(tools, raw, json_schema, regex)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
                                 max_tokens=max_tokens, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 dry_multiplier=dry_multiplier, stop_loops=stop_loops,
@@ -150,18 +168,48 @@ def register(app: typer.Typer) -> None:
                 _resume(session, resume, raw, err)
             for path in image:
                 session.attach_image(path)
+            agent, configs = None, []
+            if not raw and (agent_mode or interactive):
+                from localrun.chat.agent_view import build_agent
+
+                agent, configs = build_agent(session, tool_sets, mcp, yes=auto_approve, max_steps=max_steps,
+                                             tool_choice=tool_choice, err=err)
             try:
                 if not interactive:
                     text = prompt if prompt is not None else sys.stdin.read()
-                    _one_shot(session, text, raw, verbose, loaded, hide_thinking=hide_thinking)
+                    if agent is not None and agent.toolbox:
+                        from localrun.chat.agent_view import one_shot
+
+                        one_shot(session, agent, text.strip(), hide_thinking=hide_thinking)
+                    else:
+                        _one_shot(session, text, raw, verbose, loaded, hide_thinking=hide_thinking)
                     return
-                Repl(session, loaded, raw=raw, hide_thinking=hide_thinking).run()
+                Repl(session, loaded, raw=raw, hide_thinking=hide_thinking, agent=agent, mcp_config=configs).run()
             finally:
+                if agent is not None:
+                    agent.toolbox.close()
                 if resume is not None and session.messages:
                     session.save(resume)  # messages and the KV cache (FILE.kv)
                     err.print(f"saved the conversation to {resume}", style="dim")
         finally:
             engine.close()
+
+
+def _tool_sets(tools: Optional[str], raw: bool, json_schema, regex) -> list[str]:
+    """--tools read,write,shell → the set names, checked before the model loads. Raises ConfigError."""
+    from localrun.agent.tools import BUILTIN_SETS
+    from localrun.errors import ConfigError
+
+    sets = [x.strip() for x in (tools or "").replace(" ", ",").split(",") if x.strip()]
+    bad = [x for x in sets if x not in BUILTIN_SETS]
+    if bad:
+        raise ConfigError(f"--tools {tools}: unknown tool set {bad[0]!r}", hint=f"use {','.join(BUILTIN_SETS)}")
+    if sets and raw:
+        raise ConfigError("--tools needs the chat template; --raw completions cannot call tools", hint="drop --raw")
+    if sets and (json_schema or regex):
+        raise ConfigError("--tools and --json-schema/--regex both constrain the answer",
+                          hint="give one of them")
+    return sets
 
 
 def _resume(session, path: Path, raw: bool, err) -> None:
