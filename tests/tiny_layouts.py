@@ -4,9 +4,11 @@ No real weights of these models can be had here, so the tests write them: every 
 llama.cpp (llama-cpp-python 0.3.36) creates for the arch in ``src/models/<arch>.cpp`` ``load_arch_tensors``
 (and no other: llama.cpp refuses a file with tensors it did not create), and the header keys that
 ``load_arch_hparams`` there and ``llama_model_base::load_hparams`` (src/llama-model.cpp) read. Widths are small
-(n_embd 64-128, 4-8 layers); the vocabulary and tokenizer are SmolLM2-135M's, copied from its GGUF (49152
-tokens, BPE, ChatML template), so real text tokenizes. The weights are seeded noise: the text they make
+(n_embd 64-128, 4-8 layers); the vocabulary and tokenizer are SmolLM2-135M's, copied from its GGUF (BPE,
+ChatML template), so real text tokenizes. The weights are seeded noise: the text they make
 means nothing; token-level identity between two runs and llama.cpp's allocation log are what tests use.
+The default tokenizer keeps SmolLM2's first 8192 tokens (special tokens, bytes, the first ~7900 merges) and
+its chat template: English text still tokenizes to real words, and each file writes in a fraction of a second.
 
 Every writer is ``write_<arch>(path: Path, **kw) -> Path``; the keywords override the module's defaults
 (e.g. ``n_layer=8``, ``n_ctx_train=4096``) and unknown keywords raise TypeError. ``tokenizer_from``: a GGUF to
@@ -29,6 +31,7 @@ import numpy as np
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HEADER_ONLY_VOCAB = 256  # token_embd rows of a file written with tokenizer_from=False
+TOKENIZER_VOCAB = 8192  # SmolLM2's first 8192 tokens and the merges among them (see _tokenizer_kv)
 
 
 def smollm_gguf() -> Path:
@@ -39,9 +42,14 @@ def smollm_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
 
 
-@functools.lru_cache(maxsize=2)
-def _tokenizer_kv(src: str) -> tuple[tuple[str, Any, Any, Any], ...]:
-    """(key, value, value type, array sub-type) of every ``tokenizer.*`` key of the GGUF at ``src``."""
+@functools.lru_cache(maxsize=4)
+def _tokenizer_kv(src: str, n_vocab: int | None = None) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """(key, value, value type, array sub-type) of every ``tokenizer.*`` key of the GGUF at ``src``.
+
+    ``n_vocab``: keep the first ``n_vocab`` tokens and the BPE merges among them (a merge whose two parts and
+    result are all kept), which is still a complete byte-level BPE tokenizer (SmolLM2's vocabulary holds its
+    special tokens, then the byte tokens, then one token per merge in rank order): writing 49152 tokens and
+    48900 merges costs ~1 s a file, the first 8192 a few hundredths."""
     import gguf
 
     out = []
@@ -51,7 +59,15 @@ def _tokenizer_kv(src: str) -> tuple[tuple[str, Any, Any, Any], ...]:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         out.append((key, field.contents(), vtype, sub))
-    return tuple(out)
+    if n_vocab is None:
+        return tuple(out)
+    kv = {k: v for k, v, _, _ in out}
+    keep = set(kv["tokenizer.ggml.tokens"][:n_vocab])
+    cut = {"tokenizer.ggml.tokens": kv["tokenizer.ggml.tokens"][:n_vocab],
+           "tokenizer.ggml.token_type": kv["tokenizer.ggml.token_type"][:n_vocab],
+           "tokenizer.ggml.merges": [m for m in kv.get("tokenizer.ggml.merges", [])
+                                     if all(p in keep for p in m.split(" ", 1)) and m.replace(" ", "", 1) in keep]}
+    return tuple((k, cut.get(k, v), vt, st) for k, v, vt, st in out)
 
 
 class _Writer:
@@ -70,7 +86,7 @@ class _Writer:
         self.n_vocab = HEADER_ONLY_VOCAB
         if tokenizer_from is False:  # header-only tests: no tokenizer (llama.cpp cannot load such a file)
             return
-        kvs = _tokenizer_kv(str(tokenizer_from or smollm_gguf()))
+        kvs = _tokenizer_kv(str(tokenizer_from or smollm_gguf()), TOKENIZER_VOCAB if tokenizer_from is None else None)
         for key, val, vtype, sub in kvs:
             self.w.add_key_value(key, val, vtype, sub)
         self.n_vocab = len(next(v for k, v, _, _ in kvs if k == "tokenizer.ggml.tokens"))
