@@ -26,7 +26,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 STATIC = Path(__file__).resolve().parents[2] / "localrun" / "server" / "web" / "static"
 # SmolLM2 with Qwen's QwQ template (tests/test_reasoning_server.py): the generation prompt opens <think>, so
 # every answer streams reasoning_content first; the budget (tokens) then forces the close and the answer
-SERVE_ARGS = ("--ctx", "1024", "--parallel", "2", "--reasoning-budget", "4",
+SERVE_ARGS = ("--ctx", "1024", "--parallel", "2", "--reasoning-budget", "4", "--threads", "1",
               "--chat-template", str(TESTS / "data" / "templates" / "Qwen-QwQ-32B.jinja"))
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 # what "Get a model" pulls from the loopback hub: SmolLM2's file under its catalog name
