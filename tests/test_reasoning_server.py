@@ -86,6 +86,60 @@ def test_thinking_split_streaming_equals_full(client):
     assert usage.completion_tokens_details.reasoning_tokens == full.usage.completion_tokens_details.reasoning_tokens
 
 
+def _cut(text: str, stops) -> str:
+    """``text`` up to the earliest of ``stops`` (what a stop string leaves)."""
+    return text[:min([text.find(s) for s in stops if s in text], default=len(text))]
+
+
+def test_stop_strings_apply_to_the_answer_only(client, server):
+    """A stop string never cuts the thinking, never matches the close tag the engine forces when the budget
+    runs out (nor the blank space after it); in the answer it cuts as always. On /v1/chat/completions
+    (streamed too), /v1/messages and /api/chat, through each wire format's own client."""
+    import anthropic
+    import ollama
+
+    n = 20  # the budget's 10 thinking tokens, the forced close, the start of the answer
+    base = client.chat.completions.create(model="x", messages=STORY, temperature=0, max_tokens=n)
+    think, answer = _extra(base.choices[0].message, "reasoning_content"), base.choices[0].message.content
+    assert think and answer
+    stops = ["</think>", "</", "think>", "\n", think.split()[0]]  # the last one is in the thinking
+    full, content, thinking, finish, _ = full_and_streamed(client, messages=STORY, max_tokens=n, stop=stops)
+    assert (_extra(full.choices[0].message, "reasoning_content"), full.choices[0].message.content) == \
+        (thinking, content) == (think, _cut(answer, stops))
+    assert finish == ("stop" if _cut(answer, stops) != answer else base.choices[0].finish_reason)
+
+    ac = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+
+    def blocks(**kw) -> tuple[str, str, object]:
+        m = ac.messages.create(model="x", max_tokens=n, messages=STORY, extra_body={"temperature": 0}, **kw)
+        by = {b.type: b for b in m.content}
+        return by["thinking"].thinking, by["text"].text if "text" in by else "", m
+
+    a_think, a_answer, _ = blocks()
+    got_think, got_answer, m = blocks(stop_sequences=stops)
+    assert (got_think, got_answer) == (a_think, _cut(a_answer, stops))
+    hit = [s for s in stops if s in a_answer and a_answer.find(s) == len(got_answer)]
+    assert (m.stop_reason, m.stop_sequence) == (("stop_sequence", hit[0]) if hit else ("max_tokens", None))
+
+    oc = ollama.Client(host=server.url)
+    opts = {"temperature": 0, "num_predict": n}
+    o = oc.chat(model="x", messages=STORY, think=True, options=opts)
+    cut = oc.chat(model="x", messages=STORY, think=True, options={**opts, "stop": stops})
+    assert o.message.thinking and (cut.message.thinking, cut.message.content) == (o.message.thinking,
+                                                                                  _cut(o.message.content, stops))
+
+
+def test_the_answer_never_opens_a_second_thinking_block(client, server):
+    """After the budget closes the block, "<think>" is masked in the answer as "</think>" is: a bias that
+    makes SmolLM2 write "<think" over and over still never completes the tag (it did: 'answer<think><think>')."""
+    bias = {str(t): 20 for t in server.engine.tokenize("<think>", add_special=False)}
+    r = client.chat.completions.create(model="x", temperature=0, max_tokens=30, logit_bias=bias,
+                                       extra_body={"reasoning_budget": 3},
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    content = r.choices[0].message.content
+    assert "<think" in content and "<think>" not in content, content
+
+
 def test_budget_bounds_the_thinking(client, server):
     n_close = len(server.engine.tokenize(CLOSE, add_special=False, parse_special=True))
     for budget in (4, 12):

@@ -300,8 +300,33 @@ def test_ollama_chat_takes_an_openai_style_tool_history(http):
     )
     assert ol.status_code == 200, ol.text
     assert ol.json()["done"] is True
-    # both routes rendered the same prompt: the Ollama request found all of it in the prefix cache
-    assert ol.json()["prompt_eval_count"] == 1
+    # both routes rendered the same prompt: the Ollama request found all of it in the prefix cache (all but
+    # the last token, which is evaluated again for its logits); prompt_eval_count is still the whole prompt
+    assert ol.json()["prompt_eval_count"] == oa.json()["usage"]["prompt_tokens"]
+    assert ol.json()["prompt_cached_count"] == ol.json()["prompt_eval_count"] - 1
+
+
+def test_tool_call_history_whose_arguments_are_not_a_json_object_is_a_400(http):
+    """An earlier turn's tool call with arguments that are not a JSON object is refused naming the field, on
+    the OpenAI route (through the openai client) and Ollama's; "" is a call without arguments (as "{}")."""
+    import openai
+
+    def history(args):
+        return [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": args}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+    client = openai.OpenAI(base_url=str(http.base_url).rstrip("/") + "/v1", api_key="x", max_retries=0)
+    where = "messages[1].tool_calls[0].function.arguments"
+    for args in ("{", '{"city": "Paris"} x', "Paris", '"Paris"', "[1]"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="m", messages=history(args), max_tokens=2)
+        assert e.value.body["param"] == where and where in e.value.body["message"], (args, e.value.body)
+        r = http.post("/api/chat", json={"messages": history(args), "stream": False})
+        assert r.status_code == 400 and where in r.json()["error"], (args, r.text)
+    r = client.chat.completions.create(model="m", messages=history(""), max_tokens=2)  # a valid object: 19.17
+    assert r.choices[0].finish_reason == "length"
 
 
 # ------------------------------------------------------------------------------------------- 19.7
@@ -347,6 +372,13 @@ def test_max_tokens_past_the_context_runs_to_its_end(small_ctx_http):
         assert r.json()["choices"][0]["finish_reason"] == "length"
         assert u["prompt_tokens"] + u["completion_tokens"] == SMALL_CTX, u
         assert u["completion_tokens"] > 1, u  # it generated on to the end, not refused a full prompt
+    # /v1/completions too (llama-server's and Ollama's default, not OpenAI's legacy 16 tokens), via the openai client
+    import openai
+
+    client = openai.OpenAI(base_url=str(small_ctx_http.base_url).rstrip("/") + "/v1", api_key="x", max_retries=0)
+    c = client.completions.create(model="m", prompt=prompt, temperature=0, extra_body={"ignore_eos": True})
+    assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens > 16, c.usage
+    assert c.usage.prompt_tokens + c.usage.completion_tokens == SMALL_CTX, c.usage
 
 
 def test_serve_help_says_how_long_a_generation_runs():

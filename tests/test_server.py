@@ -227,6 +227,61 @@ def test_sampling_features(client, http):
     assert len(e.data) == 2 and len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-3
 
 
+def test_top_logprobs_keep_each_alternatives_bytes(client):
+    """``top_logprobs`` alternatives that are each part of a UTF-8 character keep their own bytes (they were all
+    '\ufffd' = [239, 191, 189], so distinct tokens looked alike)."""
+    r = client.chat.completions.create(model="x", temperature=0, max_tokens=12, logprobs=True, top_logprobs=5,
+                                       messages=[{"role": "user", "content": "Write the word café in Japanese: "}])
+    partial = 0
+    for t in r.choices[0].logprobs.content:
+        alts = [tuple(a.bytes) for a in t.top_logprobs]
+        assert len(set(alts)) == len(alts), t  # five tokens, five byte strings
+        for a in t.top_logprobs:
+            assert bytes(a.bytes).decode("utf-8", errors="replace") == a.token
+            partial += a.token == "\ufffd"
+    assert partial, "no alternative was part of a character: the prompt no longer tests this"
+
+
+def test_streamed_logprobs_follow_the_text_around_a_stop_string(client):
+    """While a stop string holds text back, each chunk carries the entries of the tokens whose text it shows
+    (they rode with the wrong chunk before), the stop string's own tokens have none, streamed equals plain."""
+    kw = dict(model="x", temperature=0, max_tokens=24, logprobs=True, stop=[", 4"],
+              messages=[{"role": "user", "content": "Count from 1 to 10, separated by commas."}])
+    full = client.chat.completions.create(**kw)
+    text = full.choices[0].message.content
+    assert full.choices[0].finish_reason == "stop" and "3" in text and "4" not in text, text
+    plain = [t.token for t in full.choices[0].logprobs.content]
+    assert "".join(plain) == text  # the entries spell the reply: ", " of ", 4" has none
+    streamed = []
+    for ch in client.chat.completions.create(stream=True, **kw):
+        for c in ch.choices:
+            tokens = [t.token for t in (c.logprobs.content or [])] if c.logprobs else []
+            assert "".join(tokens) == (c.delta.content or ""), (c.delta.content, tokens)  # each with its text
+            streamed += tokens
+    assert streamed == plain
+
+
+def test_ollama_prompt_eval_count_is_the_prompt_on_a_cache_hit(http):
+    """``prompt_eval_count`` is the prompt's length whether its KV came from the prefix cache or not, on
+    /api/chat and /api/generate, streamed or not (through the ollama client); the cached part is localrun's
+    ``prompt_cached_count``."""
+    import ollama
+
+    c = ollama.Client(host=str(http.base_url), headers={"Authorization": f"Bearer {API_KEY}"})
+    msgs = [{"role": "user", "content": "Name a colour of the sky at dusk, in one word."}]
+    opts = {"temperature": 0, "num_predict": 2}
+    first = c.chat(model="m", messages=msgs, options=opts)
+    again = c.chat(model="m", messages=msgs, options=opts)
+    last = list(c.chat(model="m", messages=msgs, options=opts, stream=True))[-1]
+    assert first.prompt_eval_count == again.prompt_eval_count == last.prompt_eval_count > 10
+    raw = http.post("/api/chat", json={"messages": msgs, "options": opts, "stream": False}).json()
+    assert raw["prompt_eval_count"] == first.prompt_eval_count
+    assert raw["prompt_cached_count"] == first.prompt_eval_count - 1  # all of it but the last token
+    g1 = c.generate(model="m", prompt="The sky at dusk is", options=opts, raw=True)
+    g2 = list(c.generate(model="m", prompt="The sky at dusk is", options=opts, raw=True, stream=True))[-1]
+    assert g1.prompt_eval_count == g2.prompt_eval_count > 1
+
+
 def test_ignore_eos_generates_exactly_max_tokens(client):
     msgs = [{"role": "user", "content": "Reply with the single word: yes"}]
     short = client.chat.completions.create(model="x", temperature=0, max_tokens=48, messages=msgs)
@@ -331,7 +386,9 @@ def test_ollama_generate_context_continues_the_conversation(http):
         "/api/generate", json={"prompt": "What is my name?", "context": ctx, "stream": False, "options": opts}
     ).json()
     assert second["context"][: len(ctx)] == ctx and second["context"][len(ctx)] == 1
-    assert second["prompt_eval_count"] < len(second["context"]) - len(ctx)  # the context came from the cache
+    assert second["prompt_eval_count"] > len(ctx)  # the whole prompt, the context included, cached or not
+    uncached = second["prompt_eval_count"] - second["prompt_cached_count"]
+    assert uncached < len(second["context"]) - len(ctx)  # the context came from the cache
 
 
 def test_ollama_stream_ends_with_an_empty_final_line(http):

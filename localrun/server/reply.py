@@ -281,6 +281,9 @@ def _tool_constraint(params: SamplingParams, family: Family, tools: list[dict], 
         grammar = re.sub(r"^start:", "tool_call:", c.source, count=1, flags=re.M)
         c = Constraint("lark", f"start: {json.dumps(family.thinking.budget_close)} tool_call\n{grammar}",
                        param=c.param)
+        # the close the constraint writes is the thinking block's: stop strings do not search it
+        params.think_open, params.think_close = family.thinking.open, family.thinking.close
+        params.starts_in_thinking = True
     params.constraint = c
 
 

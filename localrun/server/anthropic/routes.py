@@ -103,7 +103,7 @@ def _finish(st: ServerState, request: Request, builder: ac.MessageBuilder, fin, 
             params: SamplingParams, prompt: str) -> list[tuple[str, dict]]:
     s = fin.stats
     st.note(request, s, fin.reason, prompt)
-    stop_seq = tap.stop_sequence(params.stop) if fin.reason == "stop" else None
+    stop_seq = tap.stop_sequence(params.stop, params) if fin.reason == "stop" else None
     return builder.finish(fin.reason, s.completion_tokens, prompt_tokens=s.prompt_tokens or None,
                           cached_tokens=s.cached_tokens if s.prompt_tokens else None, stop_sequence=stop_seq)
 
@@ -125,14 +125,21 @@ class _TokenTap:
                 self.ids.append(c.token_id)
             yield c
 
-    def stop_sequence(self, stops) -> str | None:
+    def stop_sequence(self, stops, params=None) -> str | None:
         """The stop sequence that ended the generation, None when it ended on an end-of-generation token
         (or a satisfied constraint). The engine stops at the first hit, so it is the earliest one in the
-        generated text (list order breaks a tie, as ``backends.text.TextStream`` does)."""
+        generated answer (list order breaks a tie, as ``backends.text.TextStream`` does; the thinking block
+        is not searched, ``AnswerStart`` with ``params``' thinking markers)."""
+        from localrun.backends.text import AnswerStart
+
         stops = [s for s in stops or () if s]
         eng = self._st.engine
         if not stops or not self.ids or eng.is_eog(self.ids[-1]):
             return None
         text = eng.detokenize(self.ids)
-        hits = [(i, n) for n, i in enumerate(text.find(s) for s in stops) if i >= 0]
+        at = AnswerStart(getattr(params, "think_open", ""), getattr(params, "think_close", ""),
+                         bool(getattr(params, "starts_in_thinking", False))).update(text)
+        if at is None:  # the answer never began: no stop sequence can have ended it
+            return None
+        hits = [(i, n) for n, i in enumerate(text.find(s, at) for s in stops) if i >= 0]
         return stops[min(hits)[1]] if hits else None

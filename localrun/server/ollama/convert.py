@@ -62,11 +62,14 @@ def ollama_now() -> str:
 
 
 def ollama_final_fields(stats: Stats | None, finish: str | None, t_total_s: float) -> dict:
-    """Ollama's closing fields; durations are nanoseconds (api/types.go ``Metrics``)."""
+    """Ollama's closing fields; durations are nanoseconds (api/types.go ``Metrics``). ``prompt_eval_count``
+    is the prompt's length in tokens, cached or not (as OpenAI's ``prompt_tokens``); the part whose KV came
+    from the prefix cache is localrun's extension ``prompt_cached_count`` (Ollama's format has no such
+    figure; OpenAI's is ``prompt_tokens_details.cached_tokens``)."""
     s = stats or Stats()
     ns = lambda x: int(x * 1e9)  # noqa: E731
     out = {"done": True, "done_reason": finish_reason(finish) or "stop", "total_duration": ns(t_total_s),
-           "load_duration": 0, "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
+           "load_duration": 0, "prompt_eval_count": s.prompt_tokens, "prompt_cached_count": s.cached_tokens,
            "prompt_eval_duration": ns(s.prefill_s), "eval_count": s.completion_tokens,
            "eval_duration": ns(s.decode_s)}
     if s.draft_tokens:  # localrun's extension, as OpenAI's ``usage.speculative``

@@ -149,11 +149,19 @@ def usage(stats: Stats | None, reasoning_tokens: int = 0) -> dict:
 
 
 def chat_logprobs(lps: Sequence[TokenLogprob]) -> dict:
-    """Engine logprobs → OpenAI chat ``choices[].logprobs`` (``{"content": [...]}``)."""
+    """Engine logprobs → OpenAI chat ``choices[].logprobs`` (``{"content": [...]}``). Every entry, the chosen
+    token and each of its ``top_logprobs``, carries the token's own ``bytes``: a token that is only part of
+    a UTF-8 sequence reads '\ufffd' as text, and its bytes tell it apart (OpenAI's reason for the field)."""
     return {"content": [
         {"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
-         "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]}
+         "top_logprobs": [{"token": s, "logprob": v, "bytes": _top_bytes(t, i, s)}
+                          for i, (s, v) in enumerate(t.top)]}
         for t in lps]}
+
+
+def _top_bytes(t: TokenLogprob, i: int, text: str) -> list[int]:
+    """The bytes of ``t``'s ``i``-th alternative: the engine's, else its text's (no partial UTF-8 in it)."""
+    return list(t.top_bytes[i]) if i < len(t.top_bytes) else list(text.encode())
 
 
 def completion_logprobs(lps: Sequence[TokenLogprob], text_offset0: int = 0) -> dict:
