@@ -10,7 +10,8 @@ of its own format that a client reads and ignores, every ``HEARTBEAT_S`` seconds
 * OpenAI chat completions: a chunk whose delta is empty (``{"delta": {}}``); ``/v1/completions``: a chunk
   with empty ``text``;
 * Responses: ``response.in_progress`` again (the response object as it stands);
-* Anthropic: ``ping`` (its own streams ping too).
+* Anthropic: ``ping`` (its own streams ping too), and a ``message_delta`` without a stop reason: Claude Code's
+  watchdog (``CLAUDE_STREAM_IDLE_TIMEOUT_MS``, at least 300 s) skips pings.
 
 ``with_heartbeats`` does the timing for all of them.
 """

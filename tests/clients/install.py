@@ -20,6 +20,11 @@ import pytest
 # pinned versions of the npm clients (what the tests and the README's "Use it with…" table name)
 CLAUDE_CODE = ("@anthropic-ai/claude-code", "2.1.332")
 CODEX = ("@openai/codex", "0.171.0")
+QWEN_CODE = ("@qwen-code/qwen-code", "0.24.4")  # an OpenAI-compatible coding CLI (chat completions)
+# older versions users still run, which send something the pinned one does not (the as-installed tests run both):
+# Claude Code 2.1.197's TaskCreate has `propertyNames`; Codex 0.169.0 sends its own tool list and web_search
+CLAUDE_CODE_OLD = ("@anthropic-ai/claude-code", "2.1.197")
+CODEX_OLD = ("@openai/codex", "0.169.0")
 
 
 def cache_dir() -> Path:
@@ -48,9 +53,9 @@ def npm_package(name: str, version: str) -> Path:
     return prefix / "node_modules"
 
 
-def claude_binary() -> Path:
+def claude_binary(version: str = CLAUDE_CODE[1]) -> Path:
     """Claude Code's native binary (the ``-linux-x64`` package npm installs beside the launcher)."""
-    mods = npm_package(*CLAUDE_CODE)
+    mods = npm_package(CLAUDE_CODE[0], version)
     for cand in (mods / "@anthropic-ai" / "claude-code-linux-x64" / "claude",
                  mods / "@anthropic-ai" / "claude-code" / "node_modules" / "@anthropic-ai" / "claude-code-linux-x64"
                  / "claude",
@@ -60,9 +65,17 @@ def claude_binary() -> Path:
     pytest.fail(f"Claude Code's binary is not under {mods}")
 
 
-def codex_binary() -> Path:
-    mods = npm_package(*CODEX)
+def codex_binary(version: str = CODEX[1]) -> Path:
+    mods = npm_package(CODEX[0], version)
     cand = mods / ".bin" / "codex"
     if not cand.exists():
         pytest.fail(f"Codex's launcher is not under {mods}")
+    return cand
+
+
+def qwen_binary(version: str = QWEN_CODE[1]) -> Path:
+    mods = npm_package(QWEN_CODE[0], version)
+    cand = mods / ".bin" / "qwen"
+    if not cand.exists():
+        pytest.fail(f"Qwen Code's launcher is not under {mods}")
     return cand

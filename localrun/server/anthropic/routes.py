@@ -7,8 +7,10 @@ become Anthropic's content blocks: ``thinking`` (with a local ``signature``), ``
 A streamed reply is Anthropic's event sequence (``event: NAME`` + ``data: {json}``): ``message_start``,
 ``ping``, per block ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``thinking_delta``,
 ``signature_delta``, ``input_json_delta``) / ``content_block_stop``, then ``message_delta`` (stop_reason,
-usage) and ``message_stop``; a ``ping`` also goes out every ``heartbeat.HEARTBEAT_S`` seconds without events
-(a long prefill) so clients and proxies keep the connection. An error after the stream started is an ``event: error``.
+usage) and ``message_stop``. Every ``heartbeat.HEARTBEAT_S`` seconds without events (a long prefill) a ``ping``
+goes out, and a ``message_delta`` that changes nothing (``HEARTBEAT_DELTA``): Claude Code's stream watchdog
+(300 s) does not count pings, and Anthropic's stream may carry several ``message_delta`` events. An error
+after the stream started is an ``event: error``.
 
 Errors on these routes take Anthropic's shape (``convert.error_response``, through the wing's
 ``error_response``: ``server/wings.py``); the API key is accepted as ``x-api-key`` as well as
@@ -27,6 +29,10 @@ from localrun.server.errors import QueueFullError, error_info
 from localrun.server.heartbeat import with_heartbeats
 from localrun.server.models import ModelRegistry
 from localrun.server.runtime import ServerState
+
+# a message_delta that changes nothing (no stop reason yet, no tokens): Anthropic's stream may carry several
+HEARTBEAT_DELTA = {"type": "message_delta", "delta": {"stop_reason": None, "stop_sequence": None},
+                   "usage": {"output_tokens": 0}}
 
 
 def register(app: FastAPI, reg: ModelRegistry) -> None:
@@ -54,8 +60,9 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
             yield ac.sse_event("ping", {"type": "ping"})
             try:
                 async for ev in with_heartbeats(reply_events(tap, job, family, opts)):
-                    if ev is None:
+                    if ev is None:  # a long prefill: Claude Code's stream watchdog skips pings (300 s)
                         yield ac.sse_event("ping", {"type": "ping"})
+                        yield ac.sse_event("message_delta", HEARTBEAT_DELTA)
                         continue
                     out = _finish(st, request, builder, ev, tap, params, prompt) if isinstance(ev, Finish) \
                         else builder.feed(ev)

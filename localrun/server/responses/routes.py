@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from localrun.backends.base import SamplingParams, Stats
 from localrun.errors import ContextOverflowError, LocalrunError
 from localrun.server.errors import RequestError, error_info
+from localrun.server.heartbeat import with_heartbeats
 from localrun.server.models import ModelRegistry
 from localrun.server.reply import Finish, prepare_chat, reply_events
 from localrun.server.responses import convert as cv
@@ -148,7 +149,10 @@ async def _events(replies, base: dict, builder: OutputBuilder, finished):
     yield sse({"type": "response.created", "response": base})
     yield sse({"type": "response.in_progress", "response": base})
     try:
-        async for e in replies:
+        async for e in with_heartbeats(replies):
+            if e is None:  # a long prefill: an event Codex's stream_idle_timeout_ms counts (heartbeat.py)
+                yield sse({"type": "response.in_progress", "response": base})
+                continue
             if isinstance(e, Finish):
                 for ev in builder.finish(incomplete=e.reason == "length"):
                     yield sse(ev)

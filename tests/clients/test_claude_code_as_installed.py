@@ -1,0 +1,55 @@
+"""Claude Code as users install it, against ``localrun serve`` with nothing in between.
+
+``claude -p`` at the pinned version and at an older one users still run (install.py: 2.1.197 sends
+``propertyNames`` in ``TaskCreate``'s schema, which ended every session at its first request), with its own
+system prompt, all its tools, its streaming and its sampling: the first request reaches the server exactly
+as Claude Code sent it and is answered 200, and ``claude -p`` prints an answer and exits 0. The server runs
+Gemma-3-270M at 32k with ``--chat-template gemma`` (no tool syntax: the generic tool format) and
+``--n-predict`` (llama-server's server-side cap) so the tiny model's answer stays short; that option is
+the only thing that bounds it, the request is never rewritten.
+
+The prefill of Claude Code's ~12k-token prompt takes longer than the stream watchdog Claude Code is given
+here (``CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS``, 15 s: its own setting): the stream stays open to the end
+because the server sends heartbeats while it prefills (server/heartbeat.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from harness import Serve
+from install import CLAUDE_CODE, CLAUDE_CODE_OLD, claude_binary
+
+pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
+
+
+@pytest.fixture(scope="module")
+def server(gemma_path, tmp_path_factory):
+    srv = Serve(gemma_path, tmp_path_factory.mktemp("claude_as_installed"), "--ctx", "32768", "--parallel", "1",
+                "--chat-template", "gemma", "--n-predict", "48")
+    yield srv
+    srv.close()
+
+
+@pytest.mark.parametrize("version", [CLAUDE_CODE[1], CLAUDE_CODE_OLD[1]])
+def test_claude_print_as_installed_answers_and_exits_0(server, version, tmp_path):
+    claude = claude_binary(version)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update(HOME=str(home), ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="local", NO_COLOR="1",
+               DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+               CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS="15000")
+    before = len(server.log_text())
+    r = subprocess.run([str(claude), "-p", "What is the capital of France?"], cwd=work, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
+    log = server.log_text()[before:]
+    statuses = [int(s) for s in re.findall(r"POST /v1/messages(?:\?\S*)? (\d{3})", log)]
+    assert statuses and statuses[0] == 200, log[-3000:]
+    assert "cannot be enforced" not in log and "not available" not in log
+    assert r.returncode == 0, f"claude {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+    assert r.stdout.strip(), r.stderr[-1500:]

@@ -1,0 +1,66 @@
+"""Codex as users install it, against ``localrun serve`` with nothing in between.
+
+``codex exec`` at the pinned version and at an older one users still run (install.py), configured as
+Codex's docs say for a custom provider (a ``[model_providers.NAME]`` entry with ``wire_api = "responses"``)
+and nothing else: its default tools, the hosted ``web_search`` among them (left out by the server, never a
+400), its own instructions, its streaming. The first request is answered 200 and ``codex exec`` exits 0.
+The server runs Gemma-3-270M at 32k with ``--chat-template gemma`` and ``--n-predict`` (the server-side
+cap that keeps the tiny model's answer short; the request is never rewritten).
+
+The provider's ``stream_idle_timeout_ms`` (Codex's own setting) is 15 s, far shorter than the prefill of
+Codex's ~9k-token prompt here: the stream stays open because the server repeats ``response.in_progress``
+while it prefills (server/heartbeat.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from harness import Serve
+from install import CODEX, CODEX_OLD, codex_binary
+
+pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
+
+
+@pytest.fixture(scope="module")
+def server(gemma_path, tmp_path_factory):
+    srv = Serve(gemma_path, tmp_path_factory.mktemp("codex_as_installed"), "--ctx", "32768", "--parallel", "1",
+                "--chat-template", "gemma", "--n-predict", "48")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """One HOME and working folder for both versions (Codex writes both paths into its prompt)."""
+    return tmp_path_factory.mktemp("codex_home")
+
+
+@pytest.mark.parametrize("version", [CODEX[1], CODEX_OLD[1]])
+def test_codex_exec_as_installed_answers_and_exits_0(server, scratch, version):
+    codex = codex_binary(version)
+    home, work = scratch / "home", scratch / "work"
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    work.mkdir(exist_ok=True)
+    (home / ".codex" / "config.toml").write_text(f'''model = "gemma"
+model_provider = "localrun"
+
+[model_providers.localrun]
+name = "localrun"
+base_url = "{server.url}/v1"
+wire_api = "responses"
+stream_idle_timeout_ms = 15000
+stream_max_retries = 0
+''')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    env.update(HOME=str(home), CODEX_HOME=str(home / ".codex"), NO_COLOR="1")
+    before = len(server.log_text())
+    r = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "What is the capital of France?"], cwd=work,
+                       env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
+    log = server.log_text()[before:]
+    statuses = [int(s) for s in re.findall(r"POST /v1/responses (\d{3})", log)]
+    assert statuses and statuses[0] == 200, log[-3000:]
+    assert r.returncode == 0, f"codex {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-2500:]}"

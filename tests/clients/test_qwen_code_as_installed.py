@@ -1,0 +1,51 @@
+"""Qwen Code (an OpenAI-compatible coding CLI: chat completions) as users install it, against
+``localrun serve`` with nothing in between.
+
+``qwen -p`` with its own system prompt and tools (one of which has a ``oneOf`` of two string branches, which
+a strict constraint engine refuses) and its streaming: the first request is answered 200, and it prints an
+answer and exits 0. Gemma-3-270M at 32k with ``--chat-template gemma`` and ``--n-predict`` (the server-side
+cap that keeps the tiny model's answer short; the request is never rewritten).
+
+Its stream guard (``QWEN_STREAM_IDLE_TIMEOUT_MS``, its own setting; 240 s by default) is 15 s here, far
+shorter than the prefill of its prompt: the stream stays open because the server sends an empty delta chunk
+while it prefills (server/heartbeat.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from harness import Serve
+from install import QWEN_CODE, qwen_binary
+
+pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
+
+
+@pytest.fixture(scope="module")
+def server(gemma_path, tmp_path_factory):
+    srv = Serve(gemma_path, tmp_path_factory.mktemp("qwen_as_installed"), "--ctx", "32768", "--parallel", "1",
+                "--chat-template", "gemma", "--n-predict", "48")
+    yield srv
+    srv.close()
+
+
+@pytest.mark.parametrize("version", [QWEN_CODE[1]])
+def test_qwen_print_as_installed_answers_and_exits_0(server, version, tmp_path):
+    qwen = qwen_binary(version)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "QWEN_", "DASHSCOPE_"))}
+    env.update(HOME=str(home), OPENAI_API_KEY="local", OPENAI_BASE_URL=server.url + "/v1", OPENAI_MODEL="gemma",
+               NO_COLOR="1", QWEN_STREAM_IDLE_TIMEOUT_MS="15000")
+    before = len(server.log_text())
+    r = subprocess.run([str(qwen), "--auth-type", "openai", "What is the capital of France?"], cwd=work, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
+    log = server.log_text()[before:]
+    statuses = [int(s) for s in re.findall(r"POST /v1/chat/completions (\d{3})", log)]
+    assert statuses and statuses[0] == 200, log[-3000:]
+    assert r.returncode == 0, f"qwen {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-2500:]}"
+    assert r.stdout.strip(), r.stderr[-1500:]
