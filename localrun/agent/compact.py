@@ -10,7 +10,8 @@ with its result, finished or not — and replaces what came before with a summar
    request is prefilled — ``Compaction.evaluated_tokens`` (prompt minus ``Stats.cached_tokens``) measures
    it against ``history_tokens``;
 2. the history before compaction is kept whole (``session.compacted``, a stack), so ``/undo-compact``
-   restores it exactly (the next turn then prefills it again, unless the prefix cache still holds it);
+   restores it exactly, the turns since kept after it (``undo``; the next turn then prefills it again,
+   unless the prefix cache still holds it);
 3. the older turns become one user message ``[Summary of the earlier conversation] …`` and a short
    assistant acknowledgement (templates that require user/assistant alternation render it).
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 COMPACT_AT = 0.8  # fraction of n_ctx at which the conversation is compacted
 KEEP_USER_TURNS = 2  # the last user turns kept whole
-SUMMARY_REQUEST = "Summarize our conversation so far in a few sentences: facts, results, open tasks."
+SUMMARY_REQUEST = "Summarize the conversation so far."  # short: its prefill is the compaction's cost
 SUMMARY_HEAD = "[Summary of the earlier conversation]"
 SUMMARY_ACK = "Understood."
 
@@ -34,15 +35,16 @@ SUMMARY_ACK = "Understood."
 @dataclass
 class Compaction:
     """One compaction: prompt tokens ``before`` → ``after``; ``replaced`` messages summarized;
-    ``history_tokens`` the older part's tokens; ``evaluated_tokens`` prompt tokens the summary's prefill
-    evaluated (the rest, ``reused_tokens``, came from the KV cache); ``summary`` its text."""
+    ``history_tokens`` the older part's tokens (system prompt included); ``prompt_tokens`` the summary's
+    prompt (that part and the request); ``evaluated_tokens`` of those, the ones its prefill evaluated (the
+    rest came from the KV cache: ``Stats.cached_tokens``); ``summary`` its text."""
 
     before: int
     after: int
     replaced: int
     history_tokens: int
+    prompt_tokens: int
     evaluated_tokens: int
-    reused_tokens: int
     summary: str
 
     def line(self) -> str:
@@ -51,6 +53,30 @@ class Compaction:
         return (f"compacted: {self.before} → {self.after} tokens ({self.replaced} messages summarized; the "
                 f"summary's prefill evaluated {self.evaluated_tokens} of {self.prompt_tokens} prompt tokens, the rest "
                 f"came from the KV cache) · /undo-compact restores them")
+
+
+@dataclass
+class Undo:
+    """What ``undo`` needs: the ``older`` messages the summary ``pair`` replaced, and the whole history
+    ``before`` the compaction."""
+
+    older: list
+    pair: list
+    before: list
+
+
+def undo(session) -> int:
+    """Restore the history before the last compaction → its message count now. The turns that came after it
+    are kept (the summary pair is swapped back for the messages it replaced); if the summary pair is no longer
+    at the head (another policy dropped it), the history is set back to exactly what it was then. Raises
+    IndexError when nothing was compacted."""
+    u = session.compacted.pop()
+    msgs = session.messages
+    if len(msgs) >= 2 and msgs[0] is u.pair[0] and msgs[1] is u.pair[1]:
+        session.messages = u.older + msgs[2:]
+    else:
+        session.messages = list(u.before)
+    return len(session.messages)
 
 
 def cut_index(messages: list, keep_user_turns: int = KEEP_USER_TURNS) -> int:
@@ -82,7 +108,7 @@ def compact(session, stepper, extra: list = (), keep_user_turns: int = KEEP_USER
     older = msgs[:cut]
     request = Message("user", SUMMARY_REQUEST)
     n_ctx = session.engine.n_ctx
-    max_tokens = max(32, min(256, n_ctx // 8))
+    max_tokens = max(32, min(256, n_ctx // 16))
     while len(older) > 1 and stepper.count(system + older + [request]) + max_tokens > n_ctx:
         older = older[1:]  # too long to fork whole: the oldest messages go unsummarized
     history_tokens = stepper.count(system + older)
@@ -95,8 +121,9 @@ def compact(session, stepper, extra: list = (), keep_user_turns: int = KEEP_USER
     stats = getattr(reply.finish, "stats", None)
     prompt = stats.prompt_tokens if stats else 0
     evaluated = prompt - stats.cached_tokens if stats else 0
-    session.compacted.append(msgs)
     make = type(msgs[0])  # the session's message class (chat.ChatMessage)
-    session.messages = [make("user", f"{SUMMARY_HEAD}\n{summary}"), make("assistant", SUMMARY_ACK)] + msgs[cut:]
+    pair = [make("user", f"{SUMMARY_HEAD}\n{summary}"), make("assistant", SUMMARY_ACK)]
+    session.compacted.append(Undo(msgs[:cut], pair, msgs))
+    session.messages = pair + msgs[cut:]
     after = stepper.count(system + session.messages + list(extra))
     return Compaction(before, after, cut, history_tokens, prompt, evaluated, summary)

@@ -115,7 +115,7 @@ class Toolbox:
         except ToolFailed as e:
             text, error = f"error: {e}", True
         except McpServerError as e:
-            text, error = f"error: {e.message}", True
+            text, error = f"error: {e.message}" + (f" ({e.hint})" if e.hint else ""), True
             self.refresh()  # a dead server's tools stay listed (so /mcp connect brings them back)
         except KeyboardInterrupt:
             raise

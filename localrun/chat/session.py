@@ -96,7 +96,7 @@ class ChatSession:
     # called with what the context policy dropped, before the answer starts (None: it joins ``notices``)
     on_notice: Callable[[str], None] | None = None
     images: list = field(default_factory=list)  # backends.images.ImageInput for the next message (/image PATH)
-    compacted: list[list[Message]] = field(default_factory=list)  # the histories before each compaction
+    compacted: list = field(default_factory=list)  # agent.compact.Undo of each compaction, the last one last
     last_compaction: object = None  # agent.compact.Compaction of the last compaction
 
     def __post_init__(self) -> None:
@@ -198,13 +198,14 @@ class ChatSession:
         return done
 
     def undo_compact(self) -> int:
-        """Restore the history as it was before the last compaction → its message count. Raises ConfigError
-        when nothing was compacted."""
+        """Restore the history as it was before the last compaction, the turns since kept after it
+        (``agent.compact.undo``) → its message count. Raises ConfigError when nothing was compacted."""
         if not self.compacted:
             raise ConfigError("nothing to undo: the conversation has not been compacted",
                               hint="compaction happens with --context-policy compact (the default with tools)")
-        self.messages = self.compacted.pop()
-        return len(self.messages)
+        from localrun.agent.compact import undo
+
+        return undo(self)
 
     def _notice(self, text: str) -> None:
         """What the context policy dropped: said at once (``on_notice``, before the answer), else kept."""

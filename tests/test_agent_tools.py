@@ -1,0 +1,124 @@
+"""Agent mode without a model: the built-in tools on a scratch folder, the approval rule and ledger, the
+result cap (a 10 MB result), where compaction cuts the history, and the tool-call constraint each template
+family gets (the generic format where the template has no tool syntax)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localrun.agent.approvals import Approvals
+from localrun.agent.compact import cut_index
+from localrun.agent.toolbox import Toolbox
+from localrun.agent.tools import builtin_tools
+from localrun.backends.base import Message
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    (tmp_path / "notes.txt").write_text("alpha\nthe secret word is pineapple\nomega\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "code.py").write_text("print('pineapple')\n")
+    return tmp_path
+
+
+def test_read_set_reads_lists_and_searches(folder):
+    tb = Toolbox(["read"], root=str(folder))
+    assert set(tb.tools) == {"read_file", "list_folder", "search_text"}
+    assert not any(t.asks for t in tb.tools.values())
+    assert tb.call("list_folder", {"path": "."}).text == "notes.txt\nsub/"
+    assert tb.call("read_file", {"path": "notes.txt", "offset": 2}).text == "the secret word is pineapple\nomega"
+    hits = tb.call("search_text", {"pattern": "pine"}).text.splitlines()
+    assert hits == ["notes.txt:2: the secret word is pineapple", "sub/code.py:1: print('pineapple')"]
+    r = tb.call("read_file", {"path": "missing.txt"})
+    assert r.error and r.text.startswith("error: no such file")
+
+
+def test_write_set_asks_and_shows_a_diff_first(folder):
+    tb = Toolbox(["write"], root=str(folder))
+    w, e = tb.tools["write_file"], tb.tools["edit_file"]
+    assert w.asks and e.asks
+    diff = e.preview({"path": "notes.txt", "old": "pineapple", "new": "mango"})
+    assert "--- a/notes.txt" in diff and "-the secret word is pineapple" in diff and "+the secret word is mango" in diff
+    assert (folder / "notes.txt").read_text().count("pineapple") == 1  # a preview writes nothing
+    assert tb.call("edit_file", {"path": "notes.txt", "old": "pineapple", "new": "mango"}).text == "edited notes.txt"
+    assert "mango" in (folder / "notes.txt").read_text()
+    assert "+hello" in w.preview({"path": "new.txt", "content": "hello\n"})
+    r = tb.call("edit_file", {"path": "notes.txt", "old": "absent", "new": "x"})
+    assert r.error and "occurs 0 times" in r.text
+
+
+def test_shell_runs_in_the_folder_with_a_timeout(folder):
+    tb = Toolbox(["shell"], root=str(folder))
+    assert tb.call("run_shell", {"command": "ls sub; echo oops >&2; exit 3"}).text == "exit 3\ncode.py\noops\n"
+    assert tb.tools["run_shell"].run({"command": "sleep 5", "timeout_s": 0.2}).startswith("timed out after 0.2 s")
+
+
+def test_unknown_sets_are_refused():
+    with pytest.raises(ValueError, match="unknown tool set 'net'"):
+        builtin_tools(["read", "net"])
+
+
+def test_a_10_mb_result_is_cut_with_a_note(tmp_path):
+    (tmp_path / "huge.txt").write_text("y" * 10_000_000)
+    tb = Toolbox(["read"], root=str(tmp_path))
+    r = tb.call("read_file", {"path": "huge.txt"})
+    assert r.cut and r.full_chars == 10_000_000 and not r.error
+    assert len(r.text) < tb.result_cap + 100 and "[… cut 9992000 of 10000000 characters …]" in r.text
+
+
+def test_approvals_yes_always_no_with_reason_and_the_ledger(folder):
+    tool = Toolbox(["write"], root=str(folder)).tools["write_file"]
+    answers = iter(["n not that file", "y", "a"])
+    asked = []
+
+    def ask(name, preview):
+        asked.append(name)
+        return next(answers)
+
+    ap = Approvals(ask=ask)
+    no = ap.decide(tool, {"path": "a"})
+    assert not no.allowed and no.reason == "not that file"
+    assert ap.decide(tool, {"path": "b"}).verdict == "yes"
+    assert ap.decide(tool, {"path": "c"}).verdict == "always"
+    assert ap.decide(tool, {"path": "d"}).verdict == "session"  # not asked again
+    assert asked == ["write_file"] * 3
+    lines = ap.lines()
+    assert len(lines) == 5 and "not that file" in lines[0] and lines[-1] == "allowed for this session: write_file"
+    assert not Approvals().decide(tool, {}).allowed  # no terminal: declined, with a reason naming the flag
+    assert "--auto-approve" in Approvals().decide(tool, {}).reason
+    assert Approvals(yes_all=True).decide(tool, {}).allowed
+
+
+def test_compaction_cuts_at_a_user_turn_so_tool_pairs_stay_whole():
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    msgs = [Message("user", "1"), Message("assistant", "a"),
+            Message("user", "2"), Message("assistant", "", tool_calls=call), Message("tool", "r"),
+            Message("assistant", "b"),
+            Message("user", "3"), Message("assistant", "", tool_calls=call)]  # unfinished: no result yet
+    assert cut_index(msgs, 2) == 2  # the last two user turns kept, the call of turn 2 with its result
+    assert cut_index(msgs, 1) == 6
+    assert cut_index(msgs[:2], 2) == 0  # one turn only: nothing older to summarize
+
+
+@pytest.mark.parametrize("template,syntax", [
+    ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}", "generic"),
+    ("{% if tools %}<tools>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>", "hermes"),
+])
+def test_each_family_gets_a_call_constraint_in_its_syntax(template, syntax):
+    """The step's constraint for a forced call: the template's own syntax, or the generic format."""
+    from types import SimpleNamespace
+
+    from localrun.agent.step import Stepper
+    from localrun.dialects import detect_family
+
+    session = SimpleNamespace(family=detect_family(template), engine=SimpleNamespace(template_source=template))
+    tools = Toolbox(["read"]).definitions()
+    st = Stepper(session, tools)
+    assert st.family.tools == syntax
+    setup = SimpleNamespace(thinking=False)
+    forced = st.constraint("read_file", setup)
+    assert forced.kind == "lark" and '"read_file"' in forced.source
+    auto = st.constraint("auto", setup)
+    assert (auto is not None) == (syntax == "generic")  # the generic answer is always one JSON object
