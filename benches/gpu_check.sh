@@ -219,17 +219,17 @@ s_fit() {  # NAME: `localrun fit` on the inflated model (the 7B: its header alon
     cat "$WORK/results/fit_$1.json"
     [ "$rc" -le 1 ]  # 1 = does not fit: still a plan to report
 }
-s_measure() {  # NAME [tokens prompt rounds ctx]
+s_measure() {  # NAME [tokens prompt rounds ctx threads]
     [ -f "$WORK/models/$1.gguf" ] || skip "no inflated $1"
     "$PY" "$HELP/measure.py" "$WORK/models/$1.gguf" --out "$WORK/results/measure_$1.json" \
         --llama-bench "$PEER_BIN/llama-bench" --tokens "${2:-128}" --prompt "${3:-512}" --rounds "${4:-3}" \
-        ${5:+--ctx "$5"}
+        ${5:+--ctx "$5"} ${6:+--threads "$6"}
 }
 s_serve() {
     [ -f "$WORK/models/smollm2.gguf" ] || skip "no inflated smollm2"
     local a=(--model "$WORK/models/smollm2.gguf" --prefix-trials 0 --ctx 1024 --json "$WORK/results/serve.json")
     if [ "$QUICK" = 1 ]; then
-        a+=(--levels 1 --requests-single 1 --max-tokens 4 --threads 2 --only localrun)
+        a+=(--levels 1 --requests-single 1 --max-tokens 4 --threads 1 --only localrun)
     elif [ "$MODE" = dry ]; then
         a+=(--levels 1,2 --requests 2 --requests-single 1 --max-tokens 8 --threads 2)
         if [ -x "$PEER_BIN/llama-server" ]; then a+=(--llama-server "$PEER_BIN/llama-server"); else a+=(--only localrun); fi
@@ -261,7 +261,7 @@ for m in $MODELS; do step "inflate_$m" 120 10 bash -c "s_inflate $m"; done
 step hw 60 5 bash -c s_hw
 for m in $MODELS deepseek7b; do step "fit_$m" 60 5 bash -c "s_fit $m"; done
 for m in $MODELS; do
-    if [ "$QUICK" = 1 ]; then step "measure_$m" 120 10 bash -c "s_measure $m 4 16 1 512"
+    if [ "$QUICK" = 1 ]; then step "measure_$m" 120 10 bash -c "s_measure $m 4 16 1 512 1"
     elif [ "$MODE" = dry ]; then step "measure_$m" 150 10 bash -c "s_measure $m 32 128 1"
     else step "measure_$m" 150 20 bash -c "s_measure $m 128 512 3"; fi
 done

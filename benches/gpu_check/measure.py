@@ -5,7 +5,8 @@ Per buffer (bytes; ratio = measured / planned, 1.00 exact):
 
 * ``model``: llama.cpp's ``<buf> model buffer size`` (src/llama-model.cpp) on the GPU (``CUDA0``) against
   the plan's GPU weights (``plan.devices[0].weights_bytes``), and the CPU's (``CPU``/``CPU_Mapped``) against
-  ``plan.weights_cpu_bytes``;
+  ``plan.weights_cpu_bytes``; any other model buffer (``CPU_REPACK``: weights copied into the CPU kernels'
+  layout; ``CUDA_Host``) is listed with no planned figure;
 * ``kv``: ``<buf> KV buffer size`` (src/llama-kv-cache.cpp; a sliding-window model logs two caches) on the GPU
   against ``kv_bytes`` of the GPU, and all of them against ``plan.kv_cache_bytes``;
 * ``compute``: ``<buf> compute buffer size`` (src/llama-context.cpp) on the GPU against the GPU's
@@ -20,7 +21,7 @@ of ``--prompt`` tokens (benches/decode.py's ``bench_localrun_prefill``) against 
 TOKENS -ngl <plan's> -fa <plan's> -r ROUNDS`` (tg/pp avg_ts), and the plan's predicted decode/prefill.
 
     python benches/gpu_check/measure.py MODEL.gguf --out OUT.json [--llama-bench PATH] [--tokens 128]
-        [--prompt 512] [--rounds 3]
+        [--prompt 512] [--rounds 3] [--ctx N] [--threads N]
 """
 
 from __future__ import annotations
@@ -89,13 +90,17 @@ def compare(plan, bufs: dict, nv0: dict | None, nv1: dict | None, rss: int) -> l
     gpu_names = [n for n in {**bufs.get("model", {}), **bufs.get("kv", {}), **bufs.get("compute", {})}
                  if n.startswith(("CUDA", "ROCm", "Metal", "Vulkan")) and "Host" not in n]
     gname = gpu_names[0] if gpu_names else None
-    cpu_model = sum(v for k, v in bufs.get("model", {}).items() if k.startswith("CPU"))
+    models = bufs.get("model", {})
+    cpu_model = sum(v for k, v in models.items() if k in ("CPU", "CPU_Mapped")) if models else None
     rows = []
     if dev is not None:
         rows.append(row("model", gname or "GPU", dev["weights_bytes"], bufs.get("model", {}).get(gname)))
         rows.append(row("kv", gname or "GPU", dev["kv_bytes"], bufs.get("kv", {}).get(gname)))
         rows.append(row("compute", gname or "GPU", dev["compute_bytes"], bufs.get("compute", {}).get(gname)))
     rows.append(row("model", "CPU", plan.weights_cpu_bytes, cpu_model))
+    for name, b in models.items():  # buffers the plan has no line for: CPU_REPACK (weights repacked for the
+        if name not in ("CPU", "CPU_Mapped", gname):  # CPU's kernels, a copy), CUDA_Host (pinned), …
+            rows.append(row("model", name, None, b))
     rows.append(row("kv", "all", plan.kv_cache_bytes, sum(bufs.get("kv", {}).values())))
     if dev is None:
         rows.append(row("compute", "CPU", plan.compute_bytes, bufs.get("compute", {}).get("CPU")))
@@ -158,7 +163,7 @@ def localrun_speeds(engine, prompt: int, tokens: int, rounds: int) -> dict:
 
 
 def measure(path: str, *, llama_bench_exe: str | None, tokens: int, prompt: int, rounds: int,
-            n_ctx: int | None = None) -> dict:
+            n_ctx: int | None = None, threads: int | None = None) -> dict:
     from localrun.backends import load_engine
     from localrun.backends.llamacpp.lib import LlamaLog, import_llama, supports_gpu_offload
     from localrun.machine.hardware import probe_hardware
@@ -170,6 +175,8 @@ def measure(path: str, *, llama_bench_exe: str | None, tokens: int, prompt: int,
     hw = probe_hardware()
     plan = plan_for_run(read_gguf(path), hw, n_ctx=n_ctx, gpu_offload_supported=supports_gpu_offload(),
                         measurement=planner_measurement("llamacpp"))
+    if threads:
+        plan.n_threads = plan.n_threads_batch = threads
     nv0 = nvml_used()
     mark = LlamaLog.mark()
     t0 = time.perf_counter()
@@ -212,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=None, help="context (default: the planner's choice)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: the planner's choice)")
     a = ap.parse_args(argv)
     out = measure(a.model, llama_bench_exe=a.llama_bench, tokens=a.tokens, prompt=a.prompt, rounds=a.rounds,
-                  n_ctx=a.ctx)
+                  n_ctx=a.ctx, threads=a.threads)
     Path(a.out).write_text(json.dumps(out, indent=1))
     def mb(b):
         return "n/a" if b is None else f"{b / MIB:9.2f} MiB"
