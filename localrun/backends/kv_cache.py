@@ -18,6 +18,11 @@ Sliding-window models (Gemma-3's SWA layers without ``swa_full``): the SWA cache
 ``n_swa`` positions, so a snapshot can be resumed only at exactly the position where it was taken; such a
 snapshot is restored only when its tokens are a strict prefix of the prompt (never cut back).
 
+Recurrent layers (a hybrid's delta-net, Mamba or short-conv state: ``engine.recurrent``): the state has folded
+in every token and cannot be cut back either, so a snapshot is restored, as on a sliding-window model, only at
+exactly its end (``exact_only``); a slot's own tokens are reused up to its latest context checkpoint
+(``llamacpp/checkpoints.py``), which is what a snapshot must beat.
+
 Boundaries: snapshots are taken where reuse is likely. The end of each turn comes for free (a slot's
 tokens, saved when another prompt takes the slot). The end of a system prompt is told by ``note_boundary``
 (the engine's ``tokenize_chat``: the tokens a chat's leading system messages render to); a later prompt
@@ -53,9 +58,9 @@ from localrun.backends.text import common_prefix
 
 __all__ = [
     "MAGIC", "SUFFIX", "MIN_TOKENS", "MAX_BOUNDARIES", "KVCache", "Snapshot", "SnapshotFileError", "SnapshotStore",
-    "TierStats", "attach_kv_cache", "engine_settings", "load_slot_file", "model_identity", "read_snapshot_file",
-    "read_snapshot_header", "save_slot_file", "snapshot_file_size", "system_prompt_end", "tokens_sha256",
-    "write_snapshot_file",
+    "TierStats", "attach_kv_cache", "engine_settings", "exact_only", "load_slot_file", "model_identity",
+    "read_snapshot_file", "read_snapshot_header", "save_slot_file", "snapshot_file_size", "system_prompt_end",
+    "tokens_sha256", "write_snapshot_file",
 ]
 
 log = logging.getLogger("localrun.kv_cache")
@@ -87,12 +92,12 @@ class KVCache(SnapshotStore):
         prefilled)."""
         with self._lock:
             cp = common_prefix(slot.tokens, prompt)
-            own = cp if self._cut_ok(engine, slot, cp) else 0
+            own = self._own(engine, slot, cp)
             if cp < len(slot.tokens) - 1:
                 self.save(engine, slot)
             if len(prompt) < self.min_tokens:
                 return
-            snap, usable = self.best(prompt, sliding=bool(engine.n_swa))
+            snap, usable = self.best(prompt, sliding=exact_only(engine))
             if snap is None or usable <= own:
                 self.stats.misses += 1 if own == 0 else 0
                 return
@@ -155,13 +160,21 @@ class KVCache(SnapshotStore):
         return (best, best_n) if best_n >= self.min_tokens else (None, 0)
 
     @staticmethod
-    def _cut_ok(engine, slot, n_keep: int) -> bool:
-        """Can the slot's own KV be cut to ``n_keep`` (the engine's sliding-window rule,
-        ``LlamaCppEngine.start``)?"""
-        if not engine.n_swa or n_keep == 0 or n_keep >= len(slot.tokens):
-            return True
+    def _own(engine, slot, n_keep: int) -> int:
+        """How many of the slot's own tokens a prompt sharing ``n_keep`` of them keeps (the engine's rules,
+        ``LlamaCppEngine._cut``): all ``n_keep`` when nothing is cut; with sliding-window layers, ``n_keep``
+        while the window before the cut is held, else 0; with recurrent layers, its latest context checkpoint
+        at or before ``n_keep`` (0 without one)."""
+        if n_keep == 0 or n_keep >= len(slot.tokens):
+            return n_keep
+        checkpoints = getattr(engine, "checkpoints", None)
+        if checkpoints is not None:
+            cp = checkpoints.best(slot, n_keep)
+            return cp.n_tokens if cp is not None else 0
+        if not engine.n_swa:
+            return n_keep
         pos_min = engine.C.llama_memory_seq_pos_min(engine.mem, slot.seq_id)
-        return 0 <= pos_min <= max(0, n_keep - engine.n_swa)
+        return n_keep if 0 <= pos_min <= max(0, n_keep - engine.n_swa) else 0
 
     # ------------------------------------------------------------------ save / restore
     def save(self, engine, slot) -> Snapshot | None:
@@ -184,7 +197,7 @@ class KVCache(SnapshotStore):
                 log.warning("kv cache: llama.cpp copied %d of %d bytes of sequence %d; not saved", got, n,
                             slot.seq_id)
                 return None
-            return self.add(tokens, buf, sliding=bool(engine.n_swa))
+            return self.add(tokens, buf, sliding=exact_only(engine))
 
     def restore(self, engine, slot, snap: Snapshot) -> bool:
         """Load ``snap`` into ``slot`` (its KV and ``tokens`` replaced). A disk snapshot is read and checked
@@ -195,7 +208,7 @@ class KVCache(SnapshotStore):
             return False
         C = engine.C
         C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
-        slot.tokens.clear()
+        _forget(slot)
         got = int(C.llama_state_seq_set_data(engine.ctx, data, snap.nbytes, slot.seq_id))
         pos_max = C.llama_memory_seq_pos_max(engine.mem, slot.seq_id)
         if got == 0 or pos_max != len(snap.tokens) - 1:
@@ -206,8 +219,25 @@ class KVCache(SnapshotStore):
             self.stats.misses += 1
             return False
         slot.tokens.extend(snap.tokens)
-        self.restored(snap, data, t0, " (sliding window: exact boundary)" if engine.n_swa else "")
+        note = " (recurrent state: exact boundary)" if getattr(engine, "recurrent", False) else \
+            " (sliding window: exact boundary)" if engine.n_swa else ""
+        self.restored(snap, data, t0, note)
         return True
+
+
+def exact_only(engine) -> bool:
+    """Whether ``engine``'s snapshots resume only at exactly their end: sliding-window or recurrent layers,
+    whose cache cannot be cut back (``LlamaCppEngine.exact_snapshots``)."""
+    return bool(getattr(engine, "exact_snapshots", engine.n_swa))
+
+
+def _forget(slot) -> None:
+    """``slot`` no longer holds its tokens (nor, on a recurrent model, their checkpoints)."""
+    forget = getattr(slot, "forget", None)
+    if forget is not None:
+        forget()
+    else:
+        slot.tokens.clear()
 
 
 def system_prompt_end(cache: KVCache, messages: Sequence, prompt: Sequence[int], render, *, tools: bool = False
@@ -288,7 +318,7 @@ def load_slot_file(engine, slot, path: str | os.PathLike) -> int:
     tokens, buf = read_snapshot_file(Path(path), model_identity(engine.model_path), engine_settings(engine))
     C = engine.C
     C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)
-    slot.tokens.clear()
+    _forget(slot)
     got = int(C.llama_state_seq_set_data(engine.ctx, buf, ctypes.sizeof(buf), slot.seq_id))
     if got == 0 or C.llama_memory_seq_pos_max(engine.mem, slot.seq_id) != len(tokens) - 1:
         C.llama_memory_seq_rm(engine.mem, slot.seq_id, 0, -1)

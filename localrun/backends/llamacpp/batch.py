@@ -54,6 +54,7 @@ class BatchStep:
     n_batch: int
     prefill_chunk_decoding: int
     kv_cache: Any
+    checkpoints: Any  # llamacpp.checkpoints.Checkpoints (recurrent layers), None without them
     speculation: Any
     projector: Any  # llamacpp.mtmd.Projector (images), None without one
     n_ubatch: int
@@ -107,6 +108,9 @@ class BatchStep:
                 take = self.prefill_chunk_decoding if left - self.prefill_chunk_decoding >= 32 else take
             if g.snapshot_at > g.n_prompt_done:  # a KV-tier boundary (the system prompt's end): stop there
                 take = min(take, g.snapshot_at - g.n_prompt_done)
+            if self.checkpoints is not None:  # recurrent state: stop where a checkpoint is taken (checkpoints.py)
+                stop = self.checkpoints.next_stop(g.n_prompt_done, len(g.prompt), g.checkpoint_marks)
+                take = min(take, stop - g.n_prompt_done)
             sid, pos0, toks = g.slot.seq_id, g.n_prompt_done, g.prompt
             for j in range(take):
                 batch.token[n], batch.pos[n], batch.n_seq_id[n] = toks[pos0 + j], pos0 + j, 1
@@ -155,6 +159,9 @@ class BatchStep:
             if g.snapshot_at and g.n_prompt_done == g.snapshot_at and self.kv_cache is not None:
                 self.kv_cache.save(self, g.slot)  # the slot holds exactly prompt[:snapshot_at]
                 g.snapshot_at = 0
+            if self.checkpoints is not None and self.checkpoints.wanted(g.n_prompt_done, len(g.prompt),
+                                                                        g.checkpoint_marks):
+                self.checkpoints.save(g.slot)  # the recurrent state after exactly prompt[:n_prompt_done]
         for g in decoding:
             g.slot.tokens.append(g.pending)
         if self._abort.take() or rc == 2:
@@ -207,7 +214,10 @@ class BatchStep:
                 break
             g.slot.tokens.append(sp.draft[m])  # its KV, written by this step, is now the sequence's own
             m += 1
-        self.C.llama_memory_seq_rm(self.mem, g.slot.seq_id, len(g.slot.tokens), -1)
+        if not self.C.llama_memory_seq_rm(self.mem, g.slot.seq_id, len(g.slot.tokens), -1):
+            # the rejected drafts would stay folded into the state (recurrent layers; set_speculation refuses them)
+            raise BackendError(f"llama.cpp could not take back the rejected draft tokens of sequence {g.slot.seq_id}",
+                               hint="run with --spec off")
         sp.record(n_accepted)
         if g.done:  # the closing chunk's stats were taken before this step's drafts were counted
             out[-1][1].stats = g.stats(self.n_ctx)

@@ -123,6 +123,12 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
         # a sliding-window cache (without swa_full) drops positions more than n_swa tokens back, so a cached
         # prefix can be cut back (start()) only while the window before the cut is still there
         self.n_swa = 0 if plan.swa_full else max(0, int(C.llama_model_n_swa(self.model)))
+        # recurrent layers (a hybrid's delta-net, Mamba, short-conv): their state cannot be cut back, so a
+        # cached prefix is reused through context checkpoints (llamacpp/checkpoints.py)
+        from localrun.backends.llamacpp.checkpoints import Checkpoints, has_recurrent_state
+
+        self.recurrent = has_recurrent_state(C, self.model)
+        self.checkpoints = Checkpoints(self) if self.recurrent else None
         # interrupt(): llama.cpp asks this callback between graph nodes during a prefill (llama_set_abort_callback)
         self._abort = AbortFlag()
         self._abort_cb = C.ggml_abort_callback(self._abort.check)
@@ -154,7 +160,7 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
         VocabularyMismatchError (checked on the headers, before loading), LocalrunError (``draft``
         without a draft model, an unknown mode), BackendError (the draft does not load)."""
         from localrun.backends.draft_vocab import check_same_vocab
-        from localrun.backends.llamacpp.spec import DraftModel, Speculation
+        from localrun.backends.llamacpp.spec import DraftModel, Speculation, recurrent_spec_error
         from localrun.backends.spec_decode import DRAFT_MAX_DEFAULT
 
         old = self.speculation
@@ -163,6 +169,8 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
         self.speculation = None
         if mode == "off":
             return
+        if self.recurrent:  # a verify step's rejected drafts would stay folded into the recurrent state
+            raise recurrent_spec_error(self.spec.arch)
         draft = None
         if draft_path and mode in ("auto", "draft"):
             from localrun.model.gguf_info import read_gguf
@@ -255,6 +263,10 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
                                        template_kwargs=template_kwargs)
         if images:
             ids = self.projector.expand(ids, images)
+        if self.checkpoints is not None and not images:  # the last user turn's start: a context checkpoint there
+            self.checkpoints.note_turn_start(messages, ids, lambda m: chat_prompt_tokens(
+                self._template, self.model_path, m, self.tokenize, add_generation_prompt=False, tools=tools,
+                parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)[1])
         if self.kv_cache is not None:  # the system prompt's end: a KV-tier snapshot boundary
             from localrun.backends.kv_cache import system_prompt_end
 
@@ -313,20 +325,44 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
         if n_keep == len(prompt):
             n_keep -= 1  # re-decode the last prompt token to get its logits
         n_keep = next((s for s, e in images if s < n_keep < e), n_keep)  # an image's KV is whole or absent
-        if n_keep < len(slot.tokens) and not self._window_kept(slot, n_keep):
-            n_keep = 0  # the sliding-window cache no longer holds the window before the cut: prefill it all
-        if not self.C.llama_memory_seq_rm(self.mem, slot.seq_id, n_keep, -1):
-            n_keep = 0
-            self.C.llama_memory_seq_rm(self.mem, slot.seq_id, 0, -1)
+        n_keep = self._cut(slot, n_keep, len(prompt))
         del slot.tokens[n_keep:]
         slot.busy = True
         slot.last_used = time.monotonic()
         # prefix caching: prime the sampler's penalty history with the reused prompt tokens
         spec = self.speculation.begin(prompt, params) if self.speculation is not None and not images else None
-        snap_at = self.kv_cache.boundary_in(prompt, n_keep, sliding=bool(self.n_swa)) if self.kv_cache else 0
+        snap_at = self.kv_cache.boundary_in(prompt, n_keep, sliding=self.exact_snapshots) if self.kv_cache else 0
+        cps = self.checkpoints
+        marks = cps.marks(len(prompt), cps.turn_start_of(prompt)) if cps is not None else ()
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
                           cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx),
-                          control=control, spec=spec, snapshot_at=snap_at, images=images or None)
+                          control=control, spec=spec, snapshot_at=snap_at, checkpoint_marks=marks,
+                          images=images or None)
+
+    def _cut(self, slot: Slot, n_keep: int, n_prompt: int) -> int:
+        """Cut ``slot``'s sequence back to its first ``n_keep`` tokens, or fewer where the cache cannot cut
+        there → the tokens it keeps (0: the sequence is emptied, and the log says why). Recurrent layers:
+        through a context checkpoint (``llamacpp/checkpoints.py``); sliding-window layers: only while the
+        window before the cut is still held (``_window_kept``)."""
+        import logging
+
+        if self.checkpoints is not None:
+            return self.checkpoints.cut(slot, n_keep, n_prompt)
+        if n_keep < len(slot.tokens) and not self._window_kept(slot, n_keep):
+            logging.getLogger("localrun.checkpoints").info(
+                "the sliding-window cache no longer holds the %d tokens before %d of %d: prefilling all %d "
+                "prompt tokens", self.n_swa, n_keep, len(slot.tokens), n_prompt)
+            n_keep = 0
+        if not self.C.llama_memory_seq_rm(self.mem, slot.seq_id, n_keep, -1):
+            n_keep = 0
+            self.C.llama_memory_seq_rm(self.mem, slot.seq_id, 0, -1)
+        return n_keep
+
+    @property
+    def exact_snapshots(self) -> bool:
+        """Whether a KV-tier snapshot resumes only at exactly its end (sliding-window or recurrent layers:
+        it cannot be cut back; ``kv_cache.KVCache.best``)."""
+        return bool(self.n_swa) or self.recurrent
 
     def _window_kept(self, slot: Slot, n_keep: int) -> bool:
         """Can ``slot``'s KV be cut back to its first ``n_keep`` tokens? Always, without sliding-window
@@ -348,9 +384,11 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
             return
         if keep_kv:
             self.C.llama_memory_seq_rm(self.mem, slot.seq_id, len(slot.tokens), -1)  # drop anything unaccounted
+            if self.checkpoints is not None:  # the turn's end: where a later turn that edits the next one resumes
+                self.checkpoints.save(slot)
         else:
             self.C.llama_memory_seq_rm(self.mem, slot.seq_id, 0, -1)
-            slot.tokens.clear()
+            slot.forget()
         if gen.sampler:
             self.C.llama_sampler_free(gen.sampler)
             gen.sampler = None

@@ -161,7 +161,7 @@ class SlotPlacement:
         if dst.tokens and self.kv_cache is not None:
             self.kv_cache.save(self, dst)
         C.llama_memory_seq_rm(self.mem, dst.seq_id, 0, -1)
-        dst.tokens.clear()
+        dst.forget()
         n = 0
         if src.tokens:
             n = int(C.llama_state_seq_get_size(self.ctx, src.seq_id))

@@ -12,12 +12,20 @@ from localrun.backends.text import TextStream
 
 @dataclass
 class Slot:
-    """One sequence's KV cells. ``tokens`` are exactly the tokens whose KV the cache holds for it."""
+    """One sequence's KV cells. ``tokens`` are exactly the tokens whose KV the cache holds for it.
+    ``checkpoints``: a model with recurrent layers' saved states at positions inside ``tokens``
+    (``llamacpp/checkpoints.py``), ascending; each is valid while ``tokens`` up to it stay the same."""
 
     seq_id: int
     tokens: list[int] = field(default_factory=list)
     busy: bool = False
     last_used: float = 0.0
+    checkpoints: list = field(default_factory=list)  # llamacpp.checkpoints.Checkpoint, by n_tokens
+
+    def forget(self) -> None:
+        """The sequence's KV is gone (or replaced): no tokens, no checkpoints."""
+        self.tokens.clear()
+        self.checkpoints.clear()
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Generation:
     control: object | None = None  # backends.control.TokenControl: forced tokens, masks, complete; None = free
     spec: object | None = None  # spec_decode.SeqSpec: speculative decoding state and counts; None = off
     snapshot_at: int = 0  # prompt position where the prefill stops for a KV-tier snapshot (kv_cache.boundary_in)
+    checkpoint_marks: tuple[int, ...] = ()  # prompt positions for context checkpoints (llamacpp/checkpoints.py)
     images: list[tuple[int, int]] | None = None  # (start, end) of each image in prompt (llamacpp/mtmd.py)
 
     @property

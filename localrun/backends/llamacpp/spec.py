@@ -28,11 +28,25 @@ from localrun.backends.spec_decode import (
     target_probs,
 )
 from localrun.backends.text import common_prefix
-from localrun.errors import BackendError
+from localrun.errors import BackendError, LocalrunError
 
 if TYPE_CHECKING:
     from localrun.backends.base import BatchSpeculationTarget
     from localrun.backends.llamacpp.seq import Generation
+
+
+def recurrent_spec_error(arch: str, *, draft: bool = False) -> LocalrunError:
+    """The refusal of speculative decoding on a model with recurrent layers (``arch``: its GGUF
+    architecture; ``draft``: the draft model is the one). A verify step decodes the drafted tokens into the
+    sequence and cuts the rejected ones back off (``llama_memory_seq_rm``); a recurrent state has already
+    folded them in and cannot be cut (src/llama-memory-recurrent.cpp ``seq_rm``), so decoding would go on
+    from a wrong state. llama.cpp's ``n_rs_seq`` rollback is experimental and not used here."""
+    who = "the draft model" if draft else "this model"
+    return LocalrunError(
+        f"speculative decoding cannot run with {who} ({arch}): its recurrent layers cannot take back "
+        "rejected draft tokens, so the output would not be the model's own",
+        hint="run with --spec off (the default)" + (", or pick a draft model without recurrent layers" if draft
+                                                    else ""))
 
 
 class DraftModel:
@@ -57,6 +71,12 @@ class DraftModel:
         self.model = load_model(C, path, self._params)
         if not self.model:
             raise BackendError(f"llama.cpp could not load the draft model {path}: " + last_errors(LlamaLog.since(mark)))
+        from localrun.backends.llamacpp.checkpoints import has_recurrent_state
+
+        if has_recurrent_state(C, self.model):  # catch_up cuts its rejected drafts back: refused
+            C.llama_model_free(self.model)
+            self.model = None
+            raise recurrent_spec_error((spec or read_gguf(path)).arch, draft=True)
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         cp = context_params(C, plan)
@@ -118,7 +138,9 @@ class DraftModel:
         for seq, ctx_tokens in items:
             mirror = self.mirrors[seq]
             keep = min(common_prefix(mirror, ctx_tokens), len(ctx_tokens) - 1)
-            C.llama_memory_seq_rm(self.mem, seq, keep, -1)
+            if not C.llama_memory_seq_rm(self.mem, seq, keep, -1):  # never silently: decode it all again
+                keep = 0
+                C.llama_memory_seq_rm(self.mem, seq, 0, -1)
             del mirror[keep:]
             for j in range(keep, len(ctx_tokens)):
                 todo.append((seq, j, ctx_tokens[j], j == len(ctx_tokens) - 1))
