@@ -6,7 +6,8 @@ plus room for the turns of a session, rounded up to a power of two. ``first_prom
 first prompt, tokens: Claude Code 2.1 sends 24 tools and a 15–20k-token prompt (seen through the proxy of
 ``tests/clients/test_claude_code.py``), Codex ≈ 9k (``tests/clients/test_codex.py``), and an
 OpenAI-compatible coding CLI's first prompt was reported at 15,874 tokens (opencode's figure is that report,
-not measured here). Both depend on the tokenizer; these are the sizes with the Gemma-3 and SmolLM2
+not measured here; Qwen Code 0.24.4's first request, ``tests/data/clients/``, is about 15k). Both depend on
+the tokenizer; these are the sizes with the Gemma-3 and SmolLM2
 tokenizers (docs/serve.md "Use it with…").
 """
 
@@ -33,8 +34,11 @@ CLIENTS = {
     "codex": Client("Codex CLI", "codex", "npm install -g @openai/codex", 32768, "OpenAI Responses", 9000),
     "opencode": Client("opencode", "opencode", "npm install -g opencode-ai", 32768, "OpenAI chat completions",
                        16000),
+    "qwen": Client("Qwen Code", "qwen", "npm install -g @qwen-code/qwen-code", 32768, "OpenAI chat completions",
+                   15000),
 }
-ALIASES = {"claude-code": "claude", "claude_code": "claude", "codex-cli": "codex", "open-code": "opencode"}
+ALIASES = {"claude-code": "claude", "claude_code": "claude", "codex-cli": "codex", "open-code": "opencode",
+           "qwen-code": "qwen", "qwen_code": "qwen"}
 
 
 def get_client(name: str) -> tuple[str, Client]:

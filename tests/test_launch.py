@@ -20,7 +20,7 @@ def _launch(*args: str, env: dict | None = None, timeout: float = 900) -> subpro
 
 def test_an_unknown_client_names_the_known_ones():
     r = _launch("vim")
-    assert r.returncode != 0 and "unknown client 'vim'" in r.stderr and "claude, codex, opencode" in r.stderr
+    assert r.returncode != 0 and "unknown client 'vim'" in r.stderr and "claude, codex, opencode, qwen" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -37,6 +37,35 @@ def test_dry_run_shows_the_server_the_environment_and_the_client(isolated_home):
     assert "--ctx 32768" in r.stdout and "--port 11999" in r.stdout
     assert 'base_url="http://127.0.0.1:11999/v1"' in r.stdout and 'wire_api="responses"' in r.stdout
     assert r.stdout.rstrip().endswith("exec hi")
+    assert 'web_search="disabled"' in r.stdout  # a hosted tool the local server cannot run is turned off
+
+
+def test_dry_run_sees_a_server_already_on_the_port(isolated_home):
+    """A server answering on the port is the one the client would use (the dry run says so, runs nothing)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Models(BaseHTTPRequestHandler):  # what `localrun serve` answers on /v1/models, nothing more
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "gemma", "meta": {"n_ctx": 32768}}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = _launch("claude", "--dry-run", "--port", str(srv.server_address[1]))
+    finally:
+        srv.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert f"server: running at http://127.0.0.1:{srv.server_address[1]}" in r.stdout
+    assert "ANTHROPIC_MODEL=gemma" in r.stdout
 
 
 def test_each_client_is_pointed_at_the_server_without_touching_its_files(tmp_path, monkeypatch):
@@ -46,6 +75,8 @@ def test_each_client_is_pointed_at_the_server_without_touching_its_files(tmp_pat
     assert env["ANTHROPIC_BASE_URL"] == base and env["ANTHROPIC_MODEL"] == "smollm" and args == []
     env, args = client_setup("codex", base, "k", "smollm", tmp_path)
     assert args[:2] == ["-c", "model_provider=localrun"] and args[-2:] == ["-m", "smollm"]
+    env, args = client_setup("qwen", base, "k", "smollm", tmp_path)
+    assert env["OPENAI_BASE_URL"] == f"{base}/v1" and args == ["--auth-type", "openai"]
     env, _ = client_setup("opencode", base, "k", "smollm", tmp_path)
     assert Path(env["OPENCODE_CONFIG"]).read_text().count(f"{base}/v1") == 1
     assert not (tmp_path / "home").exists()  # nothing written under HOME without --config

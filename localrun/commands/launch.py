@@ -8,7 +8,8 @@
    (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``, ``ANTHROPIC_MODEL``), ``-c`` overrides naming a
    ``model_providers.localrun`` entry with ``wire_api = "responses"`` (and its hosted web search off) for
    Codex, and a provider block in a
-   config file under localrun's home passed through ``OPENCODE_CONFIG`` for opencode. ``--config`` writes
+   config file under localrun's home passed through ``OPENCODE_CONFIG`` for opencode, ``OPENAI_*`` variables
+   and ``--auth-type openai`` for Qwen Code. ``--config`` writes
    the same into the client's own configuration file instead (once; an existing entry is left as it is).
 3. Run the client with the arguments after ``--`` and exit with its exit code.
 
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def launch(
         ctx: typer.Context,
-        client: str = typer.Argument(..., help="claude | codex | opencode"),
+        client: str = typer.Argument(..., help="claude | codex | opencode | qwen"),
         model: Optional[str] = typer.Option(None, "--model", "-m",
                                             help="Model to serve (default: the embedded SmolLM2)."),
         port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Server port (default 11500)."),
@@ -53,8 +54,8 @@ def register(app: typer.Typer) -> None:
         config: bool = typer.Option(False, "--config", help="Write the client's own configuration file."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run; run nothing."),
     ) -> None:
-        """Run a coding agent (Claude Code, Codex, opencode) on a local model: finds or starts `localrun serve`,
-        points the client at it, runs it. Arguments after `--` go to the client."""
+        """Run a coding agent (Claude Code, Codex, opencode, Qwen Code) on a local model: finds or starts
+        `localrun serve`, points the client at it, runs it. Arguments after `--` go to the client."""
         raise typer.Exit(run_launch(client, model=model, port=port, n_ctx=n_ctx, serve_args=serve_arg,
                                     write_config=config, dry_run=dry_run, client_args=list(ctx.args)))
 
@@ -124,6 +125,9 @@ def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
         args = ["-c", "model_provider=localrun", "-c", f"model_providers.localrun={provider}", "-c",
                 'web_search="disabled"', "-m", model_id]
         return {"LOCALRUN_API_KEY": key}, args
+    if client == "qwen":  # Qwen Code's OpenAI provider (its docs: "Authentication → OpenAI-compatible API")
+        return {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": f"{base}/v1", "OPENAI_MODEL": model_id}, \
+            ["--auth-type", "openai"]
     cfg = home / "launch" / "opencode.json"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(json.dumps(opencode_config(base, key, model_id), indent=2))
@@ -144,6 +148,11 @@ def write_client_config(client: str, base: str, key: str, model_id: str) -> Path
     there is none), opencode's ``~/.config/opencode/opencode.json`` provider. Written to a temporary file and
     renamed, so a failure never leaves half a file. Returns the path."""
     home = Path.home()
+    if client == "qwen":
+        raise LocalrunError("--config is not available for Qwen Code (it reads its OpenAI provider from the "
+                            "environment)", hint=f"export OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY={key} "
+                            f"OPENAI_MODEL={model_id}, then run `qwen --auth-type openai`; or use `localrun launch "
+                            "qwen` without --config")
     if client == "claude":
         path = home / ".claude" / "settings.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
