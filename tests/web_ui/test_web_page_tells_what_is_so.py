@@ -245,6 +245,9 @@ def test_failures_are_said_and_left_out_of_the_next_question(page, two):
     node = p.page.wait_for_selector(FINAL)
     assert node.get_attribute("data-state") == "error"
     assert len(sent[-1]["messages"][-1]["content"]) > 200_000
+    # shown folded: its start and a button that shows it all
+    shown = p.page.locator(".msg.user:nth-last-child(2) .content")
+    assert len(shown.inner_text()) < 5000 and "Show all 204,000 characters" in shown.inner_text()
     p.page.wait_for_function("(d) => document.getElementById('model-name').textContent === d",
                              arg=default_id(two.url))
     # neither failed exchange is sent again: no two user turns in a row, no overflowing paste

@@ -10,6 +10,7 @@
   const LR = (window.LR = window.LR || {});
   const $ = (id) => document.getElementById(id);
   const state = { conv: null, controller: null, busyIdx: -1 };
+  const FOLD_CHARS = 3000; // a user message longer than this is shown folded
 
   const el = LR.el;
 
@@ -62,7 +63,16 @@
     }
     const content = el("div", "content");
     if (m.role === "assistant") LR.md.renderInto(content, m.content);
-    else content.textContent = m.content;
+    else if (m.content.length > FOLD_CHARS && !m.unfolded) {
+      // a long paste is shown folded (it is sent whole): its start, its size and a button to show all
+      content.textContent = m.content.slice(0, FOLD_CHARS) + "…";
+      content.appendChild(el("br"));
+      content.appendChild(button("Show all " + m.content.length.toLocaleString() + " characters",
+        "Show the whole message", () => {
+          m.unfolded = true;
+          renderMessage(idx);
+        }));
+    } else content.textContent = m.content;
     if (m.images && m.images.length) {
       const row = el("div", "thumbs");
       for (const url of m.images.filter(isImage)) {

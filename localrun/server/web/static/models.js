@@ -4,12 +4,15 @@
 // (Ollama's /api/generate with an empty prompt; keep_alive 0 unloads), and pull by name with a progress bar
 // (/api/pull, NDJSON; done only on its "success" line). The header names the model chat requests name:
 // the one chosen here, else the server's default; a chosen name the server no longer lists is dropped with
-// a notice. While the server does not answer, the list is emptied and says so.
+// a notice. While the server does not answer, the list (and the plan shown) is emptied and says so, and the
+// list is asked for again every RETRY_MS.
 "use strict";
 (function () {
   const LR = (window.LR = window.LR || {});
   const $ = (id) => document.getElementById(id);
   const state = { models: [], picked: null, unreachable: false };
+  const RETRY_MS = 5000; // while the server does not answer, the list is asked for again this often
+  let retry = 0;
 
   const el = LR.el;
 
@@ -37,8 +40,14 @@
         $("model-name").textContent = "could not list the models";
         return;
       }
-      state.models = []; // nothing listed is known to be there any more
+      state.models = []; // nothing listed is known to be there any more, nor its plan
       state.unreachable = true;
+      state.picked = null;
+      $("plan").hidden = true;
+      if (!retry) retry = setTimeout(() => {
+        retry = 0;
+        refresh();
+      }, RETRY_MS);
     }
     const chosen = LR.store.settings.model;
     if (chosen && !state.unreachable && !find(chosen)) {
@@ -73,6 +82,7 @@
       const head = el("span", "model-head");
       head.appendChild(el("span", "model-id", m.id));
       if (meta.loaded) head.appendChild(el("span", "badge on", "in memory"));
+      if (meta.default) head.appendChild(el("span", "badge", "server default"));
       if (current() === m) head.appendChild(el("span", "badge", "chatting"));
       b.appendChild(head);
       const facts = [size(meta.size), meta.arch, meta.n_params ? (meta.n_params / 1e9).toFixed(2) + "B params" : ""];
