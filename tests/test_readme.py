@@ -294,18 +294,21 @@ def test_the_clients_table_names_the_versions_the_tests_install():
     import sys
 
     sys.path.insert(0, str(ROOT / "tests" / "clients"))
-    from install import CLAUDE_CODE, CODEX
+    from install import CLAUDE_CODE, CLAUDE_CODE_OLD, CODEX, CODEX_OLD, QWEN_CODE
 
     rows = client_table()
-    assert rows["Claude Code"]["version"] == CLAUDE_CODE[1] and rows["Codex CLI"]["version"] == CODEX[1]
+    assert rows["Claude Code"]["version"].split(", ") == [CLAUDE_CODE[1], CLAUDE_CODE_OLD[1]]
+    assert rows["Codex CLI"]["version"].split(", ") == [CODEX[1], CODEX_OLD[1]]
+    assert rows["Qwen Code"]["version"] == QWEN_CODE[1]
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'"ollama=={rows["Ollama Python client"]["version"]}"' in pyproject
     assert f'"openai-agents=={rows["OpenAI Agents SDK"]["version"]}"' in pyproject
-    for test in ("test_claude_code.py", "test_codex.py", "test_ollama_client.py"):
+    for test in ("test_claude_code.py", "test_codex.py", "test_ollama_client.py", "test_claude_code_as_installed.py",
+                 "test_codex_as_installed.py", "test_qwen_code_as_installed.py"):
         assert (ROOT / "tests" / "clients" / test).is_file()
 
 
-@pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
+@pytest.mark.parametrize("client", ["claude", "codex", "opencode", "qwen"])
 def test_each_launch_command_in_the_table_runs(isolated_home, client):
     """The table's `localrun launch CLIENT` commands, as a dry run (what would start, and how the client is
     pointed at the server); tests/test_launch.py runs Claude Code through it for real."""
