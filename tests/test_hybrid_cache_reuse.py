@@ -154,29 +154,26 @@ def test_a_whole_prefill_says_why(hybrids, caplog):
 
 
 @pytest.mark.model
-def test_tier_snapshot_of_a_hybrid_restores_only_at_its_end(hybrids, tmp_path):
+def test_tier_snapshot_of_a_hybrid_restores_through_its_checkpoints(hybrids):
     from localrun.backends.kv_cache import attach_kv_cache
 
     eng, fresh = hybrids("qwen35")
-    attach_kv_cache(eng, ram_bytes=64 << 20, disk_dir=tmp_path, disk_bytes=64 << 20)
-    p = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2)
-    list(eng.generate(eng.tokenize(SYSTEM), p))
-    held = list(eng.slots[0].tokens)
-    list(eng.generate(eng.tokenize("Something else entirely, to take the slot. " * 4), p))  # saves `held`
-    assert tuple(held) in eng.kv_cache.snapshots
-    # a prompt that leaves `held` before its end: the snapshot would need a cut, so it is not restored
-    *_, last = eng.generate(held[:-8] + eng.tokenize(" Shelf 99.", add_special=False), p)
-    assert eng.kv_cache.stats.hits_ram == 0 and last.stats.cached_tokens < len(held) - 8
-    # a prompt that extends it: restored at its exact end, and the output is a fresh run's
-    ext = held + eng.tokenize(" Which shelf is empty?", add_special=False)
-    got = [c for c in eng.generate(ext, p)]
-    assert eng.kv_cache.stats.hits_ram == 1 and got[-1].stats.cached_tokens == len(held)
-    want = [c for c in fresh.generate(ext, p)]
-    for a, b in zip(got, want):
-        assert a.token_id == b.token_id
-        la, lb = a.logprobs[0], b.logprobs[0]
-        if min(la.logprob - la.top[1][1], lb.logprob - lb.top[1][1]) < 0.05:
-            break
+    attach_kv_cache(eng, ram_bytes=64 << 20)
+    h = [Message("system", SYSTEM), Message("user", "Which shelves hold red boxes?")]
+    _, r1, st1 = _turn(eng, h)
+    _turn(eng, h + [Message("assistant", r1), Message("user", "And which hold blue ones?")])
+    held = tuple(eng.slots[0].tokens)
+    _turn(eng, [Message("user", "Something else entirely, to take the slot. " * 3)])  # saves `held`
+    snap = eng.kv_cache.snapshots[held]
+    assert snap.checkpoints and snap.ram_bytes > snap.nbytes
+    # turn 2's question edited: the snapshot cannot be cut at the edit, but its checkpoint where turn 2's
+    # question begins can be restored after it
+    edited = h + [Message("assistant", r1), Message("user", "Sorry: which hold green ones?")]
+    got, _, st = _turn(eng, edited)
+    assert eng.kv_cache.stats.hits_ram == 1 and st.cached_tokens > st1.prompt_tokens
+    assert st.cached_tokens in {c.n_tokens for c in snap.checkpoints}
+    want, _, _ = _turn(_empty(fresh), edited)
+    _same_greedy(got, want)
 
 
 @pytest.mark.model

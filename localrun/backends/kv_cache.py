@@ -19,9 +19,11 @@ Sliding-window models (Gemma-3's SWA layers without ``swa_full``): the SWA cache
 snapshot is restored only when its tokens are a strict prefix of the prompt (never cut back).
 
 Recurrent layers (a hybrid's delta-net, Mamba or short-conv state: ``engine.recurrent``): the state has folded
-in every token and cannot be cut back either, so a snapshot is restored, as on a sliding-window model, only at
-exactly its end (``exact_only``); a slot's own tokens are reused up to its latest context checkpoint
-(``llamacpp/checkpoints.py``), which is what a snapshot must beat.
+in every token and cannot be cut back either (``exact_only``), so a snapshot keeps the slot's context
+checkpoints (``llamacpp/checkpoints.py``) while it is in RAM, and is restored when its tokens are a strict
+prefix of the prompt or when one of its checkpoints lies within the shared prefix: the engine's cut then
+restores that checkpoint. A slot's own tokens are reused up to its latest checkpoint, which is what a
+snapshot must beat.
 
 Boundaries: snapshots are taken where reuse is likely. The end of each turn comes for free (a slot's
 tokens, saved when another prompt takes the slot). The end of a system prompt is told by ``note_boundary``
@@ -148,13 +150,18 @@ class KVCache(SnapshotStore):
     # ------------------------------------------------------------------ lookup
     def best(self, prompt: Sequence[int], *, sliding: bool) -> tuple[Snapshot | None, int]:
         """The snapshot that reuses the most of ``prompt`` → (snapshot, tokens reused), (None, 0) when none.
-        ``sliding``: only a snapshot whose tokens are a strict prefix of the prompt counts (an exact
-        boundary); otherwise any shared prefix (the restored KV is cut back to it)."""
+        ``sliding``: a snapshot whose tokens are a strict prefix of the prompt counts whole (an exact
+        boundary), any other only up to its latest context checkpoint within the shared prefix (recurrent
+        layers: the engine restores that checkpoint after the snapshot); otherwise any shared prefix (the
+        restored KV is cut back to it)."""
         best, best_n = None, 0
         for snap in self.snapshots.values():
             n = common_prefix(snap.tokens, prompt)
             if sliding and not (n == len(snap.tokens) < len(prompt)):
-                continue
+                cut = min(n, len(prompt) - 1)
+                n = max((c.n_tokens for c in snap.checkpoints if c.n_tokens <= cut), default=0)
+                if n == 0:
+                    continue
             if n > best_n or (n == best_n and best is not None and snap.data is not None and best.data is None):
                 best, best_n = snap, n
         return (best, best_n) if best_n >= self.min_tokens else (None, 0)
@@ -186,6 +193,10 @@ class KVCache(SnapshotStore):
         with self._lock:
             old = self.touch(tokens)
             if old is not None:
+                if old.data is not None and getattr(slot, "checkpoints", None):  # the slot's newer checkpoints too
+                    have = {c.n_tokens for c in old.checkpoints}
+                    old.checkpoints = sorted(old.checkpoints + [c for c in slot.checkpoints if c.n_tokens not in have],
+                                             key=lambda c: c.n_tokens)
                 return old
             C = engine.C
             n = int(C.llama_state_seq_get_size(engine.ctx, slot.seq_id))
@@ -197,7 +208,7 @@ class KVCache(SnapshotStore):
                 log.warning("kv cache: llama.cpp copied %d of %d bytes of sequence %d; not saved", got, n,
                             slot.seq_id)
                 return None
-            return self.add(tokens, buf, sliding=exact_only(engine))
+            return self.add(tokens, buf, sliding=exact_only(engine), checkpoints=getattr(slot, "checkpoints", ()))
 
     def restore(self, engine, slot, snap: Snapshot) -> bool:
         """Load ``snap`` into ``slot`` (its KV and ``tokens`` replaced). A disk snapshot is read and checked
@@ -219,8 +230,10 @@ class KVCache(SnapshotStore):
             self.stats.misses += 1
             return False
         slot.tokens.extend(snap.tokens)
-        note = " (recurrent state: exact boundary)" if getattr(engine, "recurrent", False) else \
-            " (sliding window: exact boundary)" if engine.n_swa else ""
+        if snap.checkpoints and hasattr(slot, "checkpoints"):  # the engine's cut restores one of them
+            slot.checkpoints[:] = snap.checkpoints
+        note = f" (recurrent state: at its end or one of its {len(snap.checkpoints)} checkpoints)" \
+            if getattr(engine, "recurrent", False) else " (sliding window: exact boundary)" if engine.n_swa else ""
         self.restored(snap, data, t0, note)
         return True
 

@@ -38,13 +38,22 @@ log = logging.getLogger("localrun.kv_cache")
 @dataclass
 class Snapshot:
     """One saved sequence: ``tokens`` (the exact tokens whose KV it holds), ``nbytes`` (payload bytes),
-    ``data`` (the payload while in the RAM tier, else None), ``path`` (its disk file, or None)."""
+    ``data`` (the payload while in the RAM tier, else None), ``path`` (its disk file, or None),
+    ``checkpoints`` (while in RAM: the backend's partial states at positions inside ``tokens``, each with
+    ``n_tokens`` and ``nbytes``: llama.cpp's context checkpoints of a model with recurrent layers,
+    ``llamacpp/checkpoints.py``; they count in the RAM budget and are not written to disk)."""
 
     tokens: tuple[int, ...]
     nbytes: int
     data: object = None  # ctypes uint8 array
     path: Path | None = None
     last_used: float = field(default_factory=time.monotonic)
+    checkpoints: list = field(default_factory=list)
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes it holds in RAM: the payload and its checkpoints (0 once spilled)."""
+        return self.nbytes + sum(c.nbytes for c in self.checkpoints) if self.data is not None else 0
 
 
 @dataclass
@@ -94,7 +103,7 @@ class SnapshotStore:
     # ------------------------------------------------------------------ sizes
     @property
     def ram_used_bytes(self) -> int:
-        return sum(s.nbytes for s in self.snapshots.values() if s.data is not None)
+        return sum(s.ram_bytes for s in self.snapshots.values())
 
     @property
     def disk_used_bytes(self) -> int:
@@ -108,6 +117,7 @@ class SnapshotStore:
                     self._write(snap)
                     self.stats.spills += 1
                 snap.data = None
+                snap.checkpoints = []
                 if snap.path is None:
                     self.snapshots.pop(snap.tokens, None)
 
@@ -120,16 +130,17 @@ class SnapshotStore:
                 snap.last_used = time.monotonic()
             return snap
 
-    def add(self, tokens: tuple[int, ...], data, *, sliding: bool) -> Snapshot | None:
+    def add(self, tokens: tuple[int, ...], data, *, sliding: bool, checkpoints=()) -> Snapshot | None:
         """Record ``data`` (a payload: a ctypes uint8 array) as the snapshot of ``tokens`` in the RAM tier,
         spilling LRU snapshots to disk past ``ram_bytes`` → the snapshot, or None when it is too big for every
-        tier. Unless ``sliding`` (the model has sliding-window layers: a snapshot resumes only at its exact end),
-        a longer snapshot covers every prefix of itself, so the snapshots of its prefixes are dropped."""
+        tier. Unless ``sliding`` (the model has sliding-window or recurrent layers: a snapshot resumes only at
+        its exact end, or at one of its ``checkpoints``), a longer snapshot covers every prefix of itself, so
+        the snapshots of its prefixes are dropped."""
         n = ctypes.sizeof(data)
         if n > max(self.ram_bytes, self.disk_bytes):
             return None
         with self._lock:
-            snap = Snapshot(tokens, n, data=data)
+            snap = Snapshot(tokens, n, data=data, checkpoints=list(checkpoints))
             if not sliding:
                 for t in [t for t in self.snapshots if len(t) < len(tokens) and tokens[: len(t)] == t]:
                     self._drop(self.snapshots[t])
@@ -171,23 +182,25 @@ class SnapshotStore:
         """Spill (or, without a disk tier, forget) the least recently used RAM snapshots until the RAM
         tier is within ``ram_bytes``."""
         in_ram = sorted((s for s in self.snapshots.values() if s.data is not None), key=lambda s: s.last_used)
-        used = sum(s.nbytes for s in in_ram)
+        used = sum(s.ram_bytes for s in in_ram)
         for snap in in_ram:
             if used <= self.ram_bytes:
                 break
             if snap is keep:
                 continue
-            used -= snap.nbytes
+            used -= snap.ram_bytes
             if snap.path is None and self.disk_dir is not None:
                 self._write(snap)
                 self.stats.spills += 1
             snap.data = None
+            snap.checkpoints = []
             if snap.path is None:
                 self.snapshots.pop(snap.tokens, None)
 
     def _drop(self, snap: Snapshot) -> None:
         self.snapshots.pop(snap.tokens, None)
         snap.data = None
+        snap.checkpoints = []
         if snap.path is not None:
             snap.path.unlink(missing_ok=True)
             snap.path = None
