@@ -12,10 +12,14 @@ status ``completed``, a ``function_call`` item, the function-call stream events.
 too: each ``event:`` name equals its ``type``, ``sequence_number`` counts from 0, and ``data: [DONE]`` ends it.
 
 Deviations from the upstream requests, for a 135M model on shared CPUs: ``temperature: 0`` (one answer per
-machine) and ``max_output_tokens: 256`` (a bound only: every greedy answer here ends by itself well before it,
-17 to 182 tokens measured; the upstream requests send neither, and ``completed`` is still required). The image
-case runs on a tiny real projector with random weights (tests/mmproj_tiny.py): its answer means nothing, the
-plumbing is real.
+machine) and ``max_output_tokens: 256``, a bound on a runaway answer that the upstream requests do not send.
+Measured here, every greedy answer ends by itself well before it (17 to 182 tokens) and each case is held to
+``completed`` as upstream. But "Count from 1 to 5." meets near-ties on its way (top-1/top-2 margins of 0.01
+nats at tokens 104 and 143, measured through /v1/chat/completions' logprobs), so another CPU may take a path
+the bound cuts: such a case is then held to the cut's own rules instead (``incomplete``, reason
+``max_output_tokens``, only the last item incomplete) and a warning says so. The tool-calling cases' choice to
+call (SmolLM2 calls unforced) has a 0.63-nat margin over answering. The image case runs on a tiny real
+projector with random weights (tests/mmproj_tiny.py): its answer means nothing, the plumbing is real.
 
 Beyond the upstream cases: a reply cut by ``max_output_tokens`` is ``incomplete`` down to its last item, plain
 and streamed, and read back from the store; a response stored by an older localrun reads back valid.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import httpx
@@ -65,6 +70,10 @@ def has_output(resp, events) -> list[str]:
 
 def completed_status(resp, events) -> list[str]:
     status = resp.get("status")
+    if status == "incomplete" and (resp.get("usage") or {}).get("output_tokens") == CAP:  # module docstring
+        warnings.warn(f"this CPU's greedy answer ran to the {CAP}-token bound: 'completed' was not checked, the "
+                      "cut was (incomplete down to its last item)")
+        return []
     return [] if status == "completed" else [f'Expected status "completed" but got "{status}"']
 
 
@@ -173,6 +182,7 @@ def consistency_errors(resp: dict) -> list[str]:
         return [] if ok else [f"completed response with items {statuses}, completed_at {resp.get('completed_at')}"]
     if resp.get("status") == "incomplete":
         ok = all(s == "completed" for s in statuses[:-1]) and resp.get("completed_at") is None
+        ok = ok and resp.get("incomplete_details") == {"reason": "max_output_tokens"}
         return [] if ok else [f"incomplete response with items {statuses}, completed_at {resp.get('completed_at')}"]
     return []
 
