@@ -154,11 +154,12 @@ def test_a_whole_prefill_says_why(hybrids, caplog):
 
 
 @pytest.mark.model
-def test_tier_snapshot_of_a_hybrid_restores_through_its_checkpoints(hybrids):
+def test_tier_snapshots_of_a_hybrid_restore_through_their_checkpoints_from_ram_and_after_a_restart(hybrids,
+                                                                                                  tmp_path):
     from localrun.backends.kv_cache import attach_kv_cache
 
-    eng, fresh = hybrids("qwen35")
-    attach_kv_cache(eng, ram_bytes=64 << 20)
+    eng, other = hybrids("qwen35")
+    attach_kv_cache(eng, ram_bytes=64 << 20, disk_dir=tmp_path, disk_bytes=64 << 20)
     h = [Message("system", SYSTEM), Message("user", "Which shelves hold red boxes?")]
     _, r1, st1 = _turn(eng, h)
     _turn(eng, h + [Message("assistant", r1), Message("user", "And which hold blue ones?")])
@@ -166,14 +167,20 @@ def test_tier_snapshot_of_a_hybrid_restores_through_its_checkpoints(hybrids):
     _turn(eng, [Message("user", "Something else entirely, to take the slot. " * 3)])  # saves `held`
     snap = eng.kv_cache.snapshots[held]
     assert snap.checkpoints and snap.ram_bytes > snap.nbytes
+    eng.kv_cache.persist(eng)  # what closing does: the RAM tier to disk, checkpoints with each snapshot
     # turn 2's question edited: the snapshot cannot be cut at the edit, but its checkpoint where turn 2's
-    # question begins can be restored after it
+    # question begins is restored after it: from RAM here, from the disk file in a new engine (a restart)
     edited = h + [Message("assistant", r1), Message("user", "Sorry: which hold green ones?")]
-    got, _, st = _turn(eng, edited)
+    from_ram, _, st = _turn(eng, edited)
     assert eng.kv_cache.stats.hits_ram == 1 and st.cached_tokens > st1.prompt_tokens
     assert st.cached_tokens in {c.n_tokens for c in snap.checkpoints}
-    want, _, _ = _turn(_empty(fresh), edited)
-    _same_greedy(got, want)
+    attach_kv_cache(other, ram_bytes=64 << 20, disk_dir=tmp_path, disk_bytes=64 << 20)
+    assert [c.n_tokens for c in other.kv_cache.snapshots[held].checkpoints] == [c.n_tokens for c in snap.checkpoints]
+    from_disk, _, st2 = _turn(other, edited)
+    assert other.kv_cache.stats.hits_disk == 1 and st2.cached_tokens == st.cached_tokens
+    assert [t for t, _ in from_disk] == [t for t, _ in from_ram]  # the same state: the same computation after it
+    cold, _, _ = _turn(_empty(eng), edited)
+    _same_greedy(from_ram, cold)
 
 
 @pytest.mark.model

@@ -20,9 +20,9 @@ snapshot is restored only when its tokens are a strict prefix of the prompt (nev
 
 Recurrent layers (a hybrid's delta-net, Mamba or short-conv state: ``engine.recurrent``): the state has folded
 in every token and cannot be cut back either (``exact_only``), so a snapshot keeps the slot's context
-checkpoints (``llamacpp/checkpoints.py``) while it is in RAM, and is restored when its tokens are a strict
-prefix of the prompt or when one of its checkpoints lies within the shared prefix: the engine's cut then
-restores that checkpoint. A slot's own tokens are reused up to its latest checkpoint, which is what a
+checkpoints (``llamacpp/checkpoints.py``; in RAM and in its disk file), and is restored when its tokens are
+a strict prefix of the prompt or when one of its checkpoints lies within the shared prefix: the engine's cut
+then restores that checkpoint. A slot's own tokens are reused up to its latest checkpoint, which is what a
 snapshot must beat.
 
 Boundaries: snapshots are taken where reuse is likely. The end of each turn comes for free (a slot's
@@ -231,7 +231,7 @@ class KVCache(SnapshotStore):
             return False
         slot.tokens.extend(snap.tokens)
         if snap.checkpoints and hasattr(slot, "checkpoints"):  # the engine's cut restores one of them
-            slot.checkpoints[:] = snap.checkpoints
+            slot.checkpoints[:] = [c for c in snap.checkpoints if c.data is not None]
         note = f" (recurrent state: at its end or one of its {len(snap.checkpoints)} checkpoints)" \
             if getattr(engine, "recurrent", False) else " (sliding window: exact boundary)" if engine.n_swa else ""
         self.restored(snap, data, t0, note)

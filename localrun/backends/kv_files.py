@@ -3,8 +3,11 @@
 
 A file is ``MAGIC``, a little-endian u64 header length, a JSON header (model id, settings, the tokens and
 their SHA-256, payload length and SHA-256), then the payload (``llama_state_seq_get_data``'s bytes, or any
-backend's). It is written atomically (a temporary name in the same folder, then ``os.replace``); a reader
-checks the model, the settings, the length and both checksums before anything reaches the backend.
+backend's). A snapshot of a model with recurrent layers may carry context checkpoints
+(``llamacpp/checkpoints.py``): the header's ``checkpoints`` lists ``[n_tokens, bytes]`` of each, and their
+bytes follow the state in the payload, in that order (the payload's length and SHA-256 cover them all).
+It is written atomically (a temporary name in the same folder, then ``os.replace``); a reader checks the
+model, the settings, the length and both checksums before anything reaches the backend.
 """
 
 from __future__ import annotations
@@ -51,20 +54,28 @@ class SnapshotFileError(Exception):
     """A snapshot file that must not be restored; ``str()`` says why (truncated, corrupt, another model)."""
 
 
-def write_snapshot_file(path: Path, model_id: str, settings: dict, tokens: Sequence[int], data) -> int:
+def write_snapshot_file(path: Path, model_id: str, settings: dict, tokens: Sequence[int], data,
+                        checkpoints: Sequence = ()) -> int:
     """Write a snapshot file atomically (a temporary name in the same folder, then ``os.replace``): ``MAGIC``,
     a u64 header length, the JSON header, the payload ``data`` (any buffer: a ctypes uint8 array, bytes, a
-    NumPy array). → bytes written. Raises OSError (the temporary file is removed)."""
-    payload = memoryview(data).cast("B")
-    nbytes = payload.nbytes
-    header = json.dumps({"model": model_id, "settings": settings, "n_tokens": len(tokens),
-                         "tokens_sha256": tokens_sha256(tokens), "tokens": list(tokens), "payload_bytes": nbytes,
-                         "payload_sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    NumPy array), then each of ``checkpoints``' ``data`` (objects with ``n_tokens``, ``nbytes``, ``data``,
+    listed in the header). → bytes written. Raises OSError (the temporary file is removed)."""
+    parts = [memoryview(data).cast("B")] + [memoryview(c.data).cast("B") for c in checkpoints]
+    nbytes = sum(part.nbytes for part in parts)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    fields = {"model": model_id, "settings": settings, "n_tokens": len(tokens), "tokens_sha256": tokens_sha256(tokens),
+              "tokens": list(tokens), "payload_bytes": nbytes, "payload_sha256": digest.hexdigest()}
+    if checkpoints:
+        fields["checkpoints"] = [[int(c.n_tokens), int(c.nbytes)] for c in checkpoints]
+    header = json.dumps(fields).encode()
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-            f.write(payload)
+            for part in parts:
+                f.write(part)
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
@@ -72,9 +83,12 @@ def write_snapshot_file(path: Path, model_id: str, settings: dict, tokens: Seque
     return len(MAGIC) + 8 + len(header) + nbytes
 
 
-def snapshot_file_size(tokens: Sequence[int], nbytes: int, model_id: str, settings: dict) -> int:
-    """An upper bound of the file ``write_snapshot_file`` writes (the header's JSON, estimated)."""
-    return len(MAGIC) + 8 + 400 + len(json.dumps(settings)) + len(model_id) + 12 * len(tokens) + nbytes
+def snapshot_file_size(tokens: Sequence[int], nbytes: int, model_id: str, settings: dict,
+                       n_checkpoints: int = 0) -> int:
+    """An upper bound of the file ``write_snapshot_file`` writes (the header's JSON, estimated); ``nbytes``:
+    the whole payload, checkpoints included."""
+    return (len(MAGIC) + 8 + 400 + len(json.dumps(settings)) + len(model_id) + 12 * len(tokens) + 40 * n_checkpoints
+            + nbytes)
 
 
 def read_snapshot_header(path: Path, model_id: str, settings: dict) -> tuple[dict, int]:

@@ -36,12 +36,24 @@ log = logging.getLogger("localrun.kv_cache")
 
 
 @dataclass
+class Checkpoint:
+    """A partial state inside a sequence's tokens: after its first ``n_tokens``, ``nbytes`` of ``data`` (a
+    ctypes uint8 array; None while only in a disk file). llama.cpp's context checkpoint of a model with
+    recurrent layers (``llama_state_seq_get_data_ext(..., LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)``,
+    ``llamacpp/checkpoints.py``)."""
+
+    n_tokens: int
+    nbytes: int
+    data: object = None
+
+
+@dataclass
 class Snapshot:
     """One saved sequence: ``tokens`` (the exact tokens whose KV it holds), ``nbytes`` (payload bytes),
     ``data`` (the payload while in the RAM tier, else None), ``path`` (its disk file, or None),
-    ``checkpoints`` (while in RAM: the backend's partial states at positions inside ``tokens``, each with
-    ``n_tokens`` and ``nbytes``: llama.cpp's context checkpoints of a model with recurrent layers,
-    ``llamacpp/checkpoints.py``; they count in the RAM budget and are not written to disk)."""
+    ``checkpoints`` (``Checkpoint``s at positions inside ``tokens``, ascending: llama.cpp's context
+    checkpoints of a model with recurrent layers; in RAM with the payload, written after it in its disk
+    file, their ``data`` None while only there)."""
 
     tokens: tuple[int, ...]
     nbytes: int
@@ -53,7 +65,14 @@ class Snapshot:
     @property
     def ram_bytes(self) -> int:
         """Bytes it holds in RAM: the payload and its checkpoints (0 once spilled)."""
-        return self.nbytes + sum(c.nbytes for c in self.checkpoints) if self.data is not None else 0
+        if self.data is None:
+            return 0
+        return self.nbytes + sum(c.nbytes for c in self.checkpoints if c.data is not None)
+
+    def spilled(self) -> None:
+        """Its payload left RAM: only a disk file keeps it and its checkpoints (their positions stay known)."""
+        self.data = None
+        self.checkpoints = [Checkpoint(c.n_tokens, c.nbytes) for c in self.checkpoints] if self.path else []
 
 
 @dataclass
@@ -116,8 +135,7 @@ class SnapshotStore:
                 if snap.data is not None and snap.path is None and self.disk_dir is not None:
                     self._write(snap)
                     self.stats.spills += 1
-                snap.data = None
-                snap.checkpoints = []
+                snap.spilled()
                 if snap.path is None:
                     self.snapshots.pop(snap.tokens, None)
 
@@ -168,6 +186,8 @@ class SnapshotStore:
             if snap.nbytes <= self.ram_bytes:  # promote: the next hit is a RAM hit
                 snap.data = data
                 self._keep_ram_budget(keep=snap)
+            else:
+                snap.spilled()  # its checkpoints' bytes read with it stay on disk only
             if snap.path is not None and snap.path.exists():
                 os.utime(snap.path)
         else:
@@ -192,8 +212,7 @@ class SnapshotStore:
             if snap.path is None and self.disk_dir is not None:
                 self._write(snap)
                 self.stats.spills += 1
-            snap.data = None
-            snap.checkpoints = []
+            snap.spilled()
             if snap.path is None:
                 self.snapshots.pop(snap.tokens, None)
 
@@ -208,7 +227,9 @@ class SnapshotStore:
     def _write(self, snap: Snapshot) -> bool:
         """Write ``snap`` to the disk tier atomically, first deleting LRU files so that the folder stays
         within ``disk_bytes`` while the temporary file exists. False when it cannot fit."""
-        size = snapshot_file_size(snap.tokens, snap.nbytes, self.model_id, self.settings)
+        cps = [c for c in snap.checkpoints if c.data is not None]
+        size = snapshot_file_size(snap.tokens, snap.nbytes + sum(c.nbytes for c in cps), self.model_id,
+                                  self.settings, len(cps))
         if size > self.disk_bytes:
             return False
         on_disk = sorted((s for s in self.snapshots.values() if s.path is not None), key=lambda s: s.last_used)
@@ -225,11 +246,12 @@ class SnapshotStore:
             return False
         path = self.disk_dir / (tokens_sha256(snap.tokens)[:32] + SUFFIX)
         try:
-            write_snapshot_file(path, self.model_id, self.settings, snap.tokens, snap.data)
+            write_snapshot_file(path, self.model_id, self.settings, snap.tokens, snap.data, cps)
         except OSError as e:
             log.warning("kv cache: could not write %s: %s", path, e)
             return False
         snap.path = path
+        snap.checkpoints = cps
         return True
 
     def _folder_bytes(self) -> int:
@@ -262,7 +284,16 @@ class SnapshotStore:
                 continue
             hdr, _ = got
             tokens = tuple(int(t) for t in hdr["tokens"])
-            self.snapshots[tokens] = Snapshot(tokens, int(hdr["payload_bytes"]), path=path,
+            try:
+                cps = [Checkpoint(int(n), int(b)) for n, b in hdr.get("checkpoints", [])]
+            except (TypeError, ValueError):
+                self._reject(path, "corrupt header (checkpoints)")
+                continue
+            nbytes = int(hdr["payload_bytes"]) - sum(c.nbytes for c in cps)
+            if nbytes <= 0 or any(not 0 < c.n_tokens <= len(tokens) or c.nbytes <= 0 for c in cps):
+                self._reject(path, "corrupt header (checkpoints)")
+                continue
+            self.snapshots[tokens] = Snapshot(tokens, nbytes, path=path, checkpoints=cps,
                                               last_used=time.monotonic() - (time.time() - path.stat().st_mtime))
 
     def _read(self, snap: Snapshot):
@@ -270,8 +301,15 @@ class SnapshotStore:
         file was bad: warned, deleted, forgotten)."""
         try:
             tokens, buf = read_snapshot_file(snap.path, self.model_id, self.settings)
-            if tokens == snap.tokens and ctypes.sizeof(buf) == snap.nbytes:
-                return buf
+            if tokens == snap.tokens and ctypes.sizeof(buf) == snap.nbytes + sum(c.nbytes for c in snap.checkpoints):
+                if not snap.checkpoints:
+                    return buf
+                off, cps = snap.nbytes, []  # the checkpoints follow the state (kv_files.py): each its own copy
+                for c in snap.checkpoints:
+                    cps.append(Checkpoint(c.n_tokens, c.nbytes, (ctypes.c_uint8 * c.nbytes).from_buffer_copy(buf, off)))
+                    off += c.nbytes
+                snap.checkpoints = cps
+                return (ctypes.c_uint8 * snap.nbytes).from_buffer(buf)
             why = "its tokens changed since it was indexed"
         except (SnapshotFileError, OSError) as e:
             why = str(e)

@@ -44,10 +44,13 @@ import ctypes
 import logging
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from localrun.backends.kv_files import tokens_sha256
+from localrun.backends.kv_store import Checkpoint
 from localrun.backends.text import common_prefix
+
+__all__ = ["Checkpoint", "CheckpointStats", "Checkpoints", "has_recurrent_state"]
 
 log = logging.getLogger("localrun.checkpoints")
 
@@ -56,16 +59,6 @@ TAILS = (4, 1)  # checkpoints these many tokens before each prompt's end (4: lla
 MAX_NOTED = 64  # prompts whose last user message's start is remembered (by their tokens' SHA-256)
 MAX_PER_SLOT = 16  # checkpoints per slot at most (llama-server keeps 32 by default)
 MAX_BYTES = 1 << 30  # host RAM for all slots' checkpoints at most
-
-
-@dataclass
-class Checkpoint:
-    """The recurrent state of a sequence after its first ``n_tokens`` tokens: ``data`` (a ctypes uint8 array
-    of ``nbytes``, from ``llama_state_seq_get_data_ext(..., LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)``)."""
-
-    n_tokens: int
-    nbytes: int
-    data: Any
 
 
 @dataclass
