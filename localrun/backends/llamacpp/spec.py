@@ -40,7 +40,10 @@ def recurrent_spec_error(arch: str, *, draft: bool = False) -> LocalrunError:
     architecture; ``draft``: the draft model is the one). A verify step decodes the drafted tokens into the
     sequence and cuts the rejected ones back off (``llama_memory_seq_rm``); a recurrent state has already
     folded them in and cannot be cut (src/llama-memory-recurrent.cpp ``seq_rm``), so decoding would go on
-    from a wrong state. llama.cpp's ``n_rs_seq`` rollback is experimental and not used here."""
+    from a wrong state. llama.cpp's ``n_rs_seq`` rollback (experimental) is not used: it multiplies the
+    recurrent state by 1 + n_rs_seq, only some archs have it, and its per-token states are those of the
+    sequence's last ubatch only, while ``seq_rm`` accepts any rollback up to n_rs_seq (after a one-token
+    decode step, a cut of 2 would restore a stale state; models/delta-net-base.cpp ``n_written``)."""
     who = "the draft model" if draft else "this model"
     return LocalrunError(
         f"speculative decoding cannot run with {who} ({arch}): its recurrent layers cannot take back "
