@@ -9,7 +9,9 @@ several sequences in one batch (continuous batching, used by ``localrun serve``)
 * a context holds ``plan.n_parallel`` sequences, each with its own KV stream (``n_ctx`` tokens each), the
   running ones kept on consecutive sequence ids so a decode step is one ubatch (``placement.py``);
 * each ``Slot`` remembers which tokens its KV holds, so a new prompt that shares a prefix with it (the
-  same system prompt, the earlier turns of a chat) only prefills the rest (prefix caching);
+  same system prompt, the earlier turns of a chat) only prefills the rest (prefix caching); a model with
+  recurrent layers (a hybrid), whose state cannot be cut back, resumes from a context checkpoint instead
+  (``checkpoints.py``);
 * ``step(gens)`` puts one decode token for every running sequence plus prompt chunks of the ones still
   prefilling into a single ``llama_decode`` (prompts are prefilled in chunks of at most ``n_batch``
   tokens, so running streams keep flowing), then samples each sequence with its own sampler
