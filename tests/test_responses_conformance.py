@@ -275,3 +275,70 @@ def test_a_response_stored_by_an_older_localrun_reads_back_valid(tmp_path):
     store.close()
     assert not schema_errors("ResponseResource", got)
     assert (got["temperature"], got["top_p"], got["presence_penalty"], got["top_logprobs"]) == (0.8, 0.95, 0.0, 0)
+
+
+# ------------------------------------------------------------------------------------ fast: shapes without a model
+def _stream(builder, replies, incomplete: bool) -> list[dict]:
+    """The builder's events for ``replies`` then its finish, numbered as the route numbers them."""
+    events = [ev for e in replies for ev in builder.feed(e)] + builder.finish(incomplete=incomplete)
+    return [dict(ev, sequence_number=i) for i, ev in enumerate(events)]
+
+
+@pytest.mark.parametrize("incomplete", [False, True])
+def test_every_output_event_and_item_fits_the_schema(incomplete):
+    """Text, then a function call (its arguments streamed), then text again cut or not: each event fits the
+    schema of its type, every item is completed except, when cut, the last one."""
+    from localrun.dialects import Delta, ToolCallArgs, ToolCallEnd, ToolCallStart
+    from localrun.server.responses.events import OutputBuilder
+
+    builder = OutputBuilder()
+    replies = [Delta("content", "Let me look."), ToolCallStart(0, "call_1", "get_weather"),
+               ToolCallArgs(0, '{"location": '), ToolCallArgs(0, '"Paris"}'), ToolCallEnd(0, {"location": "Paris"}),
+               Delta("content", "It is")]
+    events = _stream(builder, replies, incomplete)
+    errors = [e for ev in events for e in schema_errors(EVENT_SCHEMAS[ev["type"]], ev, ev["type"] + ": ")]
+    assert not errors, errors
+    done = [ev["item"] for ev in events if ev["type"] == "response.output_item.done"]
+    last = "incomplete" if incomplete else "completed"
+    assert [(i["type"], i["status"]) for i in done] == [
+        ("message", "completed"), ("function_call", "completed"), ("message", last)]
+    assert [i["status"] for i in builder.output] == [i["status"] for i in done]
+    added = [ev["item"]["status"] for ev in events if ev["type"] == "response.output_item.added"]
+    assert added == ["in_progress"] * 3
+
+
+def test_request_shapes_echo_a_valid_response_object():
+    """Whatever optional fields a request leaves out or sends (tools without description or strict, a
+    hosted tool, an allowed_tools choice without mode, a json_schema format without name), the response
+    object fits ``ResponseResource``, before (``response.created``) and after the reply."""
+    from types import SimpleNamespace
+
+    from localrun.backends.base import SamplingParams, Stats
+    from localrun.server.responses.resource import final, skeleton
+    from localrun.server.responses.schemas import ResponsesRequest
+    from localrun.server.wire import set_sampling_fields
+
+    bodies = [
+        {"input": "hi"},
+        {"input": "hi", "temperature": 0, "top_p": 1, "presence_penalty": 0.5, "safety_identifier": "u1",
+         "prompt_cache_key": "k", "metadata": {"a": "b"}, "user": "me", "instructions": "Be brief.",
+         "reasoning": {"effort": "low"}, "truncation": "auto", "parallel_tool_calls": False, "store": False},
+        {"input": "hi", "tools": [{"type": "function", "name": "f"}, {"type": "web_search"},
+                                  {"type": "function", "name": "g", "description": "G", "strict": True,
+                                   "parameters": {"type": "object", "properties": {}}}],
+         "tool_choice": {"type": "allowed_tools", "tools": [{"type": "function", "name": "f"}]}},
+        {"input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "f"}},
+        {"input": "hi", "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+        {"input": "hi", "text": {"format": {"type": "json_object"}}},
+    ]
+    for body in bodies:
+        req = ResponsesRequest.model_validate(body)
+        params = set_sampling_fields(SamplingParams(), req)  # as the route's _sampling, without the constraint
+        base = skeleton(req, "m", params)
+        assert not schema_errors("ResponseResource", base), (body, schema_errors("ResponseResource", base))
+        for reason in ("stop", "length"):
+            finish = SimpleNamespace(reason=reason, stats=Stats(prompt_tokens=3, completion_tokens=2), looped=False,
+                                     reasoning_tokens=0)  # reply.Finish's fields (its module imports the server)
+            resp = final(base, [], finish, params)
+            assert not schema_errors("ResponseResource", resp) and not consistency_errors(resp), (body, resp)
+        assert [t["name"] for t in base["tools"]] == [t["name"] for t in body.get("tools", []) if "name" in t]

@@ -8,23 +8,18 @@ when ``max_output_tokens`` ended it, ``response.failed`` on an error), every eve
 ``sequence_number``, and ends with ``data: [DONE]``. ``store`` (default true) keeps the response in
 ``store.ResponseStore``.
 
-The response object has every field the Open Responses specification requires (its ``ResponseResource``
-schema, tests/data/openresponses/), in every event that carries it: the sampling settings the reply ran with
-(``temperature``, ``top_p``, the penalties; never null), ``completed_at`` (null until completed), the
-client's ``safety_identifier``/``prompt_cache_key`` echoed, each function tool with its ``description`` and
-``strict``.
+The response object itself (``response.created`` and the final one) is built in ``resource.py``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
-from localrun.backends.base import SamplingParams, Stats
+from localrun.backends.base import SamplingParams
 from localrun.errors import ContextOverflowError, LocalrunError
 from localrun.server.errors import RequestError, error_info
 from localrun.server.heartbeat import with_heartbeats
@@ -32,9 +27,10 @@ from localrun.server.models import ModelRegistry
 from localrun.server.reply import Finish, prepare_chat, reply_events
 from localrun.server.responses import convert as cv
 from localrun.server.responses.events import OutputBuilder
+from localrun.server.responses.resource import final, skeleton
 from localrun.server.responses.schemas import ResponsesRequest
 from localrun.server.responses.store import ResponseStore, owner_of
-from localrun.server.wire import cut_message, set_sampling_fields
+from localrun.server.wire import set_sampling_fields
 
 log = logging.getLogger("localrun.server")
 
@@ -76,7 +72,9 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         if setup.forced_custom is not None:
             opts.tools, opts.tool_choice = None, None
         job = await st.start(request, tokens, params)
-        base = _skeleton(req, st.model_id, dropped, params)
+        if dropped:
+            log.info("responses: truncation dropped the %d oldest input items", dropped)
+        base = skeleton(req, st.model_id, params)
         builder = OutputBuilder(custom=set(setup.custom), forced_custom=setup.forced_custom,
                                 encrypted_reasoning="reasoning.encrypted_content" in (req.include or []),
                                 namespaces=setup.namespaces)
@@ -84,7 +82,7 @@ def register(app: FastAPI, reg: ModelRegistry) -> None:
         def finished(finish: Finish) -> dict:
             """The response once the reply ended: logged, and stored unless ``store`` is false."""
             st.note(request, finish.stats, finish.reason, prompt)
-            resp = _final(base, builder.output, finish, params)
+            resp = final(base, builder.output, finish, params)
             if req.store is not False:
                 store().put(resp, owner=owner, input_items=items)
             return resp
@@ -247,75 +245,3 @@ def _next_turn(items: list[dict], start: int) -> int | None:
         if it["type"] == "message" and it["role"] == "user":
             return i
     return None
-
-
-def _skeleton(req: ResponsesRequest, model_id: str, dropped: int, params: SamplingParams) -> dict:
-    """The response object before its output: what ``response.created`` carries. ``params``: the sampling
-    the reply runs with (the request's values over llama.cpp's defaults), echoed as numbers."""
-    meta = dict(req.metadata or {})
-    if dropped:
-        log.info("responses: truncation dropped the %d oldest input items", dropped)
-    return {"id": cv.new_id("resp"), "object": "response", "created_at": int(time.time()), "completed_at": None,
-            "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
-            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
-            "model": model_id, "output": [],
-            "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
-            "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
-                          "summary": req.reasoning.summary if req.reasoning else None},
-            "service_tier": "default", "store": req.store is not False,
-            "temperature": float(params.temperature), "top_p": float(params.top_p),
-            "presence_penalty": float(params.presence_penalty), "frequency_penalty": float(params.frequency_penalty),
-            "top_logprobs": 0,  # no logprobs are returned on this route
-            "text": {"format": _format_echo(req.text.format if req.text is not None else None)},
-            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-            "tools": _tools_echo(req.tools), "truncation": req.truncation or "disabled", "usage": None,
-            "user": req.user, "metadata": meta, "safety_identifier": req.safety_identifier,
-            "prompt_cache_key": req.prompt_cache_key}
-
-
-def _format_echo(fmt) -> dict:
-    """``text.format`` as the response echoes it: a ``json_schema`` one with every field the specification
-    requires (``description`` null and ``strict`` false when not sent)."""
-    if fmt is None:
-        return {"type": "text"}
-    if fmt.type != "json_schema":
-        return {"type": fmt.type}
-    return {"type": "json_schema", "name": fmt.name or "", "description": fmt.description, "schema": fmt.schema_,
-            "strict": fmt.strict is True}
-
-
-def _tools_echo(tools: list[dict] | None) -> list[dict]:
-    """The tools the model was offered, as the response echoes them: a function tool with ``description``
-    and ``parameters`` (null when not sent) and ``strict`` (true only when the client asked: otherwise its
-    schema is enforced as far as the constraint engine can, convert.py); custom and namespace tools as
-    sent. Hosted tools (left out, ``convert.tool_setup``) are not echoed: the model never had them."""
-    out = []
-    for t in tools or []:
-        kind = t.get("type")
-        if kind == "function":
-            out.append(dict(t, description=t.get("description"), parameters=t.get("parameters"),
-                            strict=t.get("strict") is True))
-        elif kind in ("custom", "namespace"):
-            out.append(t)
-    return out
-
-
-def _final(base: dict, output: list[dict], finish: Finish, params: SamplingParams | None = None) -> dict:
-    """The finished response: status ``completed`` (with ``completed_at``), or ``incomplete``
-    (``max_output_tokens``; its last item ``incomplete`` too, ``OutputBuilder.finish``) when the
-    token limit or the context ended it, or the loop guard ended a ``text.format`` answer (``params``'
-    constraint) before it completed (``wire.wire_reason``; ``incomplete_details.message`` says so, localrun's
-    extension); usage in the Responses API's names."""
-    s = finish.stats or Stats()
-    resp = dict(base, output=json.loads(json.dumps(output)), status="completed", completed_at=int(time.time()))
-    if finish.reason == "length":
-        resp["status"], resp["completed_at"] = "incomplete", None
-        resp["incomplete_details"] = {"reason": "max_output_tokens"}
-        if finish.looped and params is not None and params.constraint is not None:
-            resp["incomplete_details"]["message"] = cut_message(params, looped=True)
-    resp["usage"] = {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.cached_tokens},
-                     "output_tokens": s.completion_tokens,
-                     "output_tokens_details": {"reasoning_tokens": finish.reasoning_tokens},
-                     "total_tokens": s.prompt_tokens + s.completion_tokens}
-    return resp
