@@ -79,6 +79,14 @@
     }
   }
 
+  // the connection broke while the answer's body was coming
+  class Dropped extends Error {
+    constructor() {
+      super("The connection to the server dropped before the answer finished.");
+      this.name = "Dropped";
+    }
+  }
+
   class ApiError extends Error {
     static async from(resp) {
       let msg = resp.status + " " + resp.statusText;
@@ -106,13 +114,21 @@
     return resp.json();
   }
 
-  // reads `resp`'s body as lines, calling onLine(line) for each complete one
+  // reads `resp`'s body as lines, calling onLine(line) for each complete one; throws Dropped when the
+  // connection breaks mid-body
   async function lines(resp, onLine) {
     const reader = resp.body.getReader();
     const dec = new TextDecoder();
     let buf = "";
     for (;;) {
-      const { value, done } = await reader.read();
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (e) {
+        if (e.name === "AbortError") throw e;
+        throw new Dropped();
+      }
+      const { value, done } = chunk;
       if (done) break;
       buf += dec.decode(value, { stream: true });
       let nl;
@@ -158,5 +174,5 @@
     return out;
   }
 
-  LR.api = { request, json, sse, ndjson, prometheus, askKey, ApiError, Unreachable };
+  LR.api = { request, json, sse, ndjson, prometheus, askKey, ApiError, Unreachable, Dropped };
 })();

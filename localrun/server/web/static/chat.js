@@ -223,12 +223,11 @@
         }
         redraw();
       });
-      if (!ended) m.error = "The connection to the server dropped before the answer finished.";
+      if (!ended) throw new LR.api.Dropped(); // the body ended without [DONE]
     } catch (e) {
       if (e.name === "AbortError") m.stopped = true;
-      else if (e.name === "TypeError") m.error = "The connection to the server dropped before the answer finished.";
       else m.error = e.message || String(e);
-      if (e.name === "Unreachable" || e.name === "TypeError") LR.models.refresh();
+      if (e instanceof LR.api.Unreachable || e instanceof LR.api.Dropped) LR.models.refresh();
     } finally {
       if (frame) cancelAnimationFrame(frame);
       state.controller = null;
