@@ -1,6 +1,7 @@
 """The web wing: a page for people at ``/ui`` (docs/serve.md "Web page"), plain HTML/CSS/JS files inside
 the package (``static/``: no CDN, no build step), that talks only to the server's own API: chat through
-``/v1/chat/completions`` (streamed), the models from ``/v1/models``, loads and unloads through Ollama's
+``/v1/chat/completions`` (streamed, each request naming its model: the one picked, else ``/v1/models``'
+``meta.default``), the models from ``/v1/models``, loads and unloads through Ollama's
 ``/api/generate``, pulls through ``/api/pull``, live numbers from ``/api/ps`` and ``/metrics``. Its one
 route of its own, ``/ui/api/plan``, says how a model would load here before it loads (``plan.py``).
 
