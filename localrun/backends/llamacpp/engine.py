@@ -250,10 +250,11 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
         ``chat_template.chat_prompt_tokens``). ``template_kwargs``: extra template variables
         (``enable_thinking``, ``reasoning_effort``). Raises ChatTemplateError."""
         from localrun.backends.images import images_of, no_projector_error, without_images
+        from localrun.backends.llamacpp.prompt_cache import cached_tokenizer
         from localrun.model.chat_template import chat_prompt_tokens
 
         images = [img for m in messages for img in images_of(m)]
-        tokenize = self.tokenize
+        tokenize = plain = cached_tokenizer(self)  # exact hits and a kept head: llamacpp/prompt_cache.py
         if images:  # each image's place → its tokens (llamacpp/mtmd.py)
             if self.projector is None:
                 raise no_projector_error(images[0].part)
@@ -267,13 +268,13 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
             ids = self.projector.expand(ids, images)
         if self.checkpoints is not None and not images:  # the last user turn's start: a context checkpoint there
             self.checkpoints.note_turn_start(messages, ids, lambda m: chat_prompt_tokens(
-                self._template, self.model_path, m, self.tokenize, add_generation_prompt=False, tools=tools,
+                self._template, self.model_path, m, plain, add_generation_prompt=False, tools=tools,
                 parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)[1])
         if self.kv_cache is not None:  # the system prompt's end: a KV-tier snapshot boundary
             from localrun.backends.kv_cache import system_prompt_end
 
             system_prompt_end(self.kv_cache, messages, ids, lambda m: chat_prompt_tokens(
-                self._template, self.model_path, m, self.tokenize, add_generation_prompt=False, tools=tools,
+                self._template, self.model_path, m, plain, add_generation_prompt=False, tools=tools,
                 parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs)[1],
                 tools=bool(tools))
         return text, ids
