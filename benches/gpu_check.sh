@@ -12,9 +12,11 @@
 #   bash benches/gpu_check.sh [--out D]            # on the device, carrying .gpu_carry
 #
 # Options: --carry DIR (default .gpu_carry), --work DIR (default /tmp/gpu_check), --models "smollm2 gemma3",
-# --no-7b (skip the 4.4 GiB random-weight 7B at the end), --quick (dry run: the smallest measurements). Environment: GPU_CHECK_BUDGET_S, PY (the Python;
-# default python3 on the device, .venv/bin/python in the dry run), GPU_CHECK_PEER_BIN (dry run: a folder
-# holding CPU builds of llama-bench/llama-server, default /tmp/peer/build/bin when it exists).
+# --no-7b (skip the 4.4 GiB random-weight 7B at the end), --quick (dry run: the smallest measurements),
+# --clean (also remove the CUDA build folder that a previous run on this machine left). Environment:
+# GPU_CHECK_BUDGET_S, PY (the Python; default python3 on the device, .venv/bin/python in the dry run),
+# GPU_CHECK_PEER_BIN (dry run: a folder holding CPU builds of llama-bench/llama-server, default
+# /tmp/peer/build/bin when it exists).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,6 +27,7 @@ WORK="${GPU_CHECK_WORK:-/tmp/gpu_check}"
 REPORT_DIR="${OUT:-}"
 MODELS="smollm2 gemma3"
 WITH_7B=1
+CLEAN=0
 QUICK=0  # --quick (the suite's dry run): one round of a few tokens, one serve level of one request
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
         --models) MODELS="$2"; shift ;;
         --no-7b) WITH_7B=0 ;;
         --quick) QUICK=1 ;;
+        --clean) CLEAN=1 ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -53,7 +57,12 @@ REPORT_DIR="${REPORT_DIR:-$WORK/out}"
 BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 RESERVE=15  # seconds kept for the report
 START=$(date +%s)
-rm -rf "$WORK"
+# a fresh run: only what this script writes there is removed (--work may name any folder); the CUDA build
+# folder stays unless --clean, so a second call on the same warm machine rebuilds nothing (tar restores
+# the sources' times, ninja finds everything up to date)
+rm -rf "$WORK/results" "$WORK/logs" "$WORK/models" "$WORK/src" "$WORK/build-cpu" "$WORK/home" \
+    "$WORK/site" "$WORK/resolve" "$WORK/steps.tsv" "$WORK/cuda_arch"
+[ "$CLEAN" = 1 ] && rm -rf "$WORK/build"
 mkdir -p "$WORK/results" "$WORK/logs" "$WORK/models" "$REPORT_DIR"
 STEPS="$WORK/steps.tsv"
 : > "$STEPS"
@@ -223,7 +232,7 @@ s_measure() {  # NAME [tokens prompt rounds ctx threads]
     [ -f "$WORK/models/$1.gguf" ] || skip "no inflated $1"
     "$PY" "$HELP/measure.py" "$WORK/models/$1.gguf" --out "$WORK/results/measure_$1.json" \
         --llama-bench "$PEER_BIN/llama-bench" --tokens "${2:-128}" --prompt "${3:-512}" --rounds "${4:-3}" \
-        ${5:+--ctx "$5"} ${6:+--threads "$6"}
+        ${5:+--ctx "$5"} ${6:+--threads "$6"} --fit-json "$WORK/results/fit_$1.json"
 }
 s_serve() {
     [ -f "$WORK/models/smollm2.gguf" ] || skip "no inflated smollm2"
@@ -231,7 +240,7 @@ s_serve() {
     if [ "$QUICK" = 1 ]; then
         a+=(--levels 1 --requests-single 1 --max-tokens 4 --threads 1 --only localrun)
     elif [ "$MODE" = dry ]; then
-        a+=(--levels 1,2 --requests 2 --requests-single 1 --max-tokens 8 --threads 2)
+        a+=(--levels 1,2 --requests 2 --requests-single 1 --max-tokens 8 --threads 1)
         if [ -x "$PEER_BIN/llama-server" ]; then a+=(--llama-server "$PEER_BIN/llama-server"); else a+=(--only localrun); fi
     else
         a+=(--levels 1,8,32 --requests 32 --requests-single 4 --max-tokens 64 --threads "$JOBS" \
@@ -260,9 +269,9 @@ step install_llama_cpp 120 10 bash -c s_install_llama_cpp
 for m in $MODELS; do step "inflate_$m" 120 10 bash -c "s_inflate $m"; done
 step hw 60 5 bash -c s_hw
 for m in $MODELS deepseek7b; do step "fit_$m" 60 5 bash -c "s_fit $m"; done
-for m in $MODELS; do
+for m in $MODELS; do  # the dry run on one thread: it checks that everything runs (2 threads spin on a busy 2-core box)
     if [ "$QUICK" = 1 ]; then step "measure_$m" 120 10 bash -c "s_measure $m 4 16 1 512 1"
-    elif [ "$MODE" = dry ]; then step "measure_$m" 150 10 bash -c "s_measure $m 32 128 1"
+    elif [ "$MODE" = dry ]; then step "measure_$m" 150 10 bash -c "s_measure $m 32 128 1 '' 1"
     else step "measure_$m" 150 20 bash -c "s_measure $m 128 512 3"; fi
 done
 step serve 240 40 bash -c s_serve

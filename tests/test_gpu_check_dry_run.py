@@ -56,6 +56,37 @@ def test_buffers_reads_llama_cpp_s_log_lines():
                               "compute": {"CUDA0": round(24.91 * MIB)}}
 
 
+def test_gpu_rows_compare_each_cuda_buffer_with_the_plan(smollm_path):
+    """The GPU branch, which no machine here runs: a 24 GB NVIDIA plan of SmolLM2 (injected profile) against
+    log lines and NVML readings written from that plan."""
+    from measure import buffers, compare, fit_rows
+
+    from localrun.machine.presets import get_preset
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.search import plan_for_run
+
+    plan = plan_for_run(read_gguf(smollm_path), get_preset("nvidia-24gb"), n_ctx=2048)
+    dev = plan.devices[0]
+    assert plan.n_gpu_layers > 0 and dev["weights_bytes"] > 0
+    mib = (lambda b: f"{b / MIB:.2f}")  # noqa: E731 - as llama.cpp prints it
+    lines = [f"load_tensors:        CUDA0 model buffer size = {mib(dev['weights_bytes'])} MiB",
+             f"load_tensors:   CPU_Mapped model buffer size = {mib(plan.weights_cpu_bytes)} MiB",
+             f"llama_kv_cache:      CUDA0 KV buffer size = {mib(dev['kv_bytes'])} MiB",
+             f"sched_reserve:      CUDA0 compute buffer size = {mib(dev['compute_bytes'] * 1.1)} MiB",
+             "sched_reserve:  CUDA_Host compute buffer size =     4.00 MiB"]
+    bufs = buffers(lines)
+    nv0, nv1 = {"used_bytes": 1 << 30}, {"used_bytes": (1 << 30) + plan.vram_bytes // 2, "process_bytes": None}
+    rows = {(r["buffer"], r["where"]): r["ratio"] for r in compare(plan, bufs, nv0, nv1, 100 * MIB)}
+    assert rows[("model", "CUDA0")] == pytest.approx(1.0, abs=1e-3)
+    assert rows[("kv", "CUDA0")] == pytest.approx(1.0, abs=1e-3)
+    assert rows[("compute", "CUDA0")] == pytest.approx(1.1, abs=1e-3)
+    assert rows[("vram (NVML device used, after load - before import)", "GPU")] == pytest.approx(0.5, abs=1e-6)
+    fit = {"devices": [{"compute_bytes": dev["compute_bytes"] * 1.1}], "vram_bytes": plan.vram_bytes}
+    frows = {r["buffer"]: r["ratio"] for r in fit_rows(fit, bufs, nv0, nv1)}
+    assert frows == {"compute (fit: llama.cpp dry run)": pytest.approx(1.0, abs=1e-3),
+                     "vram (fit) vs NVML device used": pytest.approx(0.5, abs=1e-6)}
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_dry_run_reaches_every_step_and_writes_the_report(tmp_path, smollm_path):

@@ -11,7 +11,8 @@ Per buffer (bytes; ratio = measured / planned, 1.00 exact):
   against ``kv_bytes`` of the GPU, and all of them against ``plan.kv_cache_bytes``;
 * ``compute``: ``<buf> compute buffer size`` (src/llama-context.cpp) on the GPU against the GPU's
   ``compute_bytes``; on a CPU-only plan the CPU's against ``plan.compute_bytes``;
-* ``vram (NVML)``: the device's used memory after the load minus before it (nvmlDeviceGetMemoryInfo), and
+* ``vram (NVML)``: the device's used memory after the load minus before llama.cpp was imported
+  (nvmlDeviceGetMemoryInfo; another process on the GPU meanwhile would count too), and
   this process's own (nvmlDeviceGetComputeRunningProcesses, where the driver reports it), against
   ``plan.vram_bytes`` (weights + KV + compute + the CUDA context, offload/plan.py);
 * ``rss``: the process's resident set after the load against ``plan.rss_bytes``.
@@ -21,7 +22,11 @@ of ``--prompt`` tokens (benches/decode.py's ``bench_localrun_prefill``) against 
 TOKENS -ngl <plan's> -fa <plan's> -r ROUNDS`` (tg/pp avg_ts), and the plan's predicted decode/prefill.
 
     python benches/gpu_check/measure.py MODEL.gguf --out OUT.json [--llama-bench PATH] [--tokens 128]
-        [--prompt 512] [--rounds 3] [--ctx N] [--threads N]
+        [--prompt 512] [--rounds 3] [--ctx N] [--threads N] [--fit-json FIT.json]
+
+With ``--fit-json`` the load takes `fit`'s n_ctx, n_gpu_layers, KV type and flash attention, and two rows
+more compare `fit`'s GPU figures: its compute buffer (measured by llama.cpp's no_alloc dry run,
+backends/llamacpp/dryrun.py) and its VRAM total against NVML's.
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ def compare(plan, bufs: dict, nv0: dict | None, nv1: dict | None, rss: int) -> l
     if dev is None:
         rows.append(row("compute", "CPU", plan.compute_bytes, bufs.get("compute", {}).get("CPU")))
     if nv0 and nv1 and "used_bytes" in nv0 and "used_bytes" in nv1:
-        rows.append(row("vram (NVML device used, after - before)", "GPU", plan.vram_bytes,
+        rows.append(row("vram (NVML device used, after load - before import)", "GPU", plan.vram_bytes,
                         nv1["used_bytes"] - nv0["used_bytes"]))
         if nv1.get("process_bytes") is not None:
             rows.append(row("vram (NVML this process)", "GPU", plan.vram_bytes, nv1["process_bytes"]))
@@ -162,8 +167,25 @@ def localrun_speeds(engine, prompt: int, tokens: int, rounds: int) -> dict:
             "prefill_rounds": pre, "tokens": tokens, "prompt": prompt}
 
 
+def fit_rows(fit: dict, bufs: dict, nv0: dict | None, nv1: dict | None) -> list[dict]:
+    """`localrun fit --json`'s GPU figures against the same load: its compute buffer comes from llama.cpp's
+    own no_alloc dry run on the real device (backends/llamacpp/dryrun.py), never yet run on a GPU."""
+    devs = fit.get("devices") or []
+    if not devs:
+        return []
+    gname = next((n for n in bufs.get("compute", {}) if n.startswith("CUDA") and "Host" not in n), None)
+    d = devs[0]
+    used = (nv1["used_bytes"] - nv0["used_bytes"]) if nv0 and nv1 and "used_bytes" in nv0 and "used_bytes" in nv1 \
+        else None
+    return [row("compute (fit: llama.cpp dry run)", gname or "GPU", d.get("compute_bytes"),
+                bufs.get("compute", {}).get(gname)),
+            row("vram (fit) vs NVML device used", "GPU", fit.get("vram_bytes"), used)]
+
+
 def measure(path: str, *, llama_bench_exe: str | None, tokens: int, prompt: int, rounds: int,
-            n_ctx: int | None = None, threads: int | None = None) -> dict:
+            n_ctx: int | None = None, threads: int | None = None, fit: dict | None = None) -> dict:
+    """Load ``path`` as planned (with ``fit``, `localrun fit --json`'s plan, its n_ctx, n_gpu_layers, KV type
+    and flash attention), compare, time. Returns the JSON written by ``main``."""
     from localrun.backends import load_engine
     from localrun.backends.llamacpp.lib import LlamaLog, import_llama, supports_gpu_offload
     from localrun.machine.hardware import probe_hardware
@@ -171,13 +193,15 @@ def measure(path: str, *, llama_bench_exe: str | None, tokens: int, prompt: int,
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.search import plan_for_run
 
+    nv0 = nvml_used()  # before llama.cpp is loaded: the CUDA context it creates counts as the plan's overhead
     import_llama()
     hw = probe_hardware()
-    plan = plan_for_run(read_gguf(path), hw, n_ctx=n_ctx, gpu_offload_supported=supports_gpu_offload(),
-                        measurement=planner_measurement("llamacpp"))
+    fit = fit or {}
+    plan = plan_for_run(read_gguf(path), hw, n_ctx=n_ctx or fit.get("n_ctx"), n_gpu_layers=fit.get("n_gpu_layers"),
+                        kv_type=fit.get("kv_type"), flash_attn=fit.get("flash_attn"),
+                        gpu_offload_supported=supports_gpu_offload(), measurement=planner_measurement("llamacpp"))
     if threads:
         plan.n_threads = plan.n_threads_batch = threads
-    nv0 = nvml_used()
     mark = LlamaLog.mark()
     t0 = time.perf_counter()
     engine = load_engine(path, plan)
@@ -188,7 +212,7 @@ def measure(path: str, *, llama_bench_exe: str | None, tokens: int, prompt: int,
     out = {"model": path, "file_bytes": os.path.getsize(path), "load_s": round(load_s, 3),
            "plan": {k: v for k, v in plan.to_dict().items() if k not in ("reasons", "kv_cells")},
            "buffers": bufs, "nvml_before": nv0, "nvml_after": nv1, "rss_bytes": rss,
-           "compare": compare(plan, bufs, nv0, nv1, rss)}
+           "compare": compare(plan, bufs, nv0, nv1, rss) + fit_rows(fit, bufs, nv0, nv1)}
     threads = plan.n_threads or os.cpu_count() or 1
     try:
         out["localrun"] = localrun_speeds(engine, prompt, tokens, rounds)
@@ -210,6 +234,13 @@ def measure(path: str, *, llama_bench_exe: str | None, tokens: int, prompt: int,
     return out
 
 
+def _read_fit(path: str | None) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        return None  # fit failed: the plan is plan_for_run's own
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -220,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=None, help="context (default: the planner's choice)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: the planner's choice)")
+    ap.add_argument("--fit-json", default=None, help="`localrun fit --json`'s output: load with its plan")
     a = ap.parse_args(argv)
     out = measure(a.model, llama_bench_exe=a.llama_bench, tokens=a.tokens, prompt=a.prompt, rounds=a.rounds,
-                  n_ctx=a.ctx, threads=a.threads)
+                  n_ctx=a.ctx, threads=a.threads, fit=_read_fit(a.fit_json))
     Path(a.out).write_text(json.dumps(out, indent=1))
     def mb(b):
         return "n/a" if b is None else f"{b / MIB:9.2f} MiB"
