@@ -178,6 +178,15 @@ class PromptTokenCache:
                 if p_s:
                     self._long[a_s].pop(old, None)
 
+    @property
+    def held_chars(self) -> int:
+        """Characters of text held now (≤ ``max_chars``)."""
+        return self._chars
+
+    def specials(self) -> Specials | None:
+        """The vocabulary's ``Specials`` (read on first use), or None where head reuse is off."""
+        return self._get_specials()
+
     def _get_specials(self) -> Specials | None:
         with self._specials_lock:
             if not self._specials_done:
