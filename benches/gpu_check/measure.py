@@ -41,8 +41,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benches"))
 
 MIB = 1024 * 1024
 # "load_tensors:        CUDA0 model buffer size =    98.54 MiB", "llama_kv_cache:  CUDA0 KV buffer size = …",
@@ -146,10 +144,20 @@ def llama_bench(exe: str, path: str, plan, prompt: int, tokens: int, rounds: int
         return {"error": f"{type(e).__name__}: {e}", "argv": argv}
 
 
-def localrun_speeds(engine, prompt: int, tokens: int, rounds: int) -> dict:
-    from decode import bench_localrun_prefill
+def _bench_decode():
+    """benches/decode.py, loaded by path (benches/ is not a package)."""
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("_benches_decode", ROOT / "benches" / "decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def localrun_speeds(engine, prompt: int, tokens: int, rounds: int) -> dict:
     from localrun.backends.base import SamplingParams
+
+    bench_localrun_prefill = _bench_decode().bench_localrun_prefill
 
     dec, pre = [], []
     text = engine.tokenize("The history of the printing press begins")
@@ -269,4 +277,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # localrun from this tree
     sys.exit(main())
