@@ -41,3 +41,18 @@ def test_budget_and_ending_the_thinking_on_mlx(mlx_qwq):
     thinking, answer, _ = _turn(s, STORY, on_piece=after)
     assert s.thought.ended_early and seen["tokens"] <= s.thought.tokens <= seen["tokens"] + _n_close(mlx_qwq)
     assert answer.strip() and not any(t in answer for t in TAGS)
+
+
+def test_stop_strings_and_a_second_block_on_mlx(mlx_qwq):
+    """The MLX engine shares TextStream and the token control: stop strings apply to the answer only (the
+    thinking and the forced close are never cut), and the answer never opens a second thinking block."""
+    thinking, answer, _ = _turn(ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=16),
+                                            reasoning_budget=6), STORY)
+    stops = ["</", "think>", "\n", thinking.split()[0]]
+    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=16, stop=stops), reasoning_budget=6)
+    cut = min([answer.find(x) for x in stops if x in answer], default=len(answer))
+    assert _turn(s, STORY)[:2] == (thinking, answer[:cut])
+    bias = {t: 20.0 for t in mlx_qwq.tokenize("<think>", add_special=False)}
+    s = ChatSession(mlx_qwq, SamplingParams(temperature=0, max_tokens=16, logit_bias=bias), reasoning_budget=2)
+    answer = _turn(s, STORY)[1]
+    assert "<think" in answer and "<think>" not in answer, answer
