@@ -38,16 +38,24 @@ def carry(carry_dir: str, root: str, out: str) -> int:
              for p in c.iterdir()}
     size, tree = sum(parts.values()), tree_bytes(Path(root))
     man = json.loads((c / "manifest.json").read_text())
+    sys.path.insert(0, str(Path(__file__).parent))
+    from prepare import runtime_requirements  # pyproject.toml now
+
+    carried = (c / "requirements.txt").read_text().split() if (c / "requirements.txt").exists() else None
     d = {"carry_bytes": size, "parts_bytes": parts, "tree_bytes": tree, "limit_bytes": LIMIT_BYTES,
          "total_bytes": size + (tree or 0), "fits": size + (tree or 0) < LIMIT_BYTES,
          "models": man.get("models"), "source": man.get("source"),
-         "wheels": {k: v for k, v in (man.get("wheels") or {}).items() if k != "wheels"}}
+         "wheels": {k: v for k, v in (man.get("wheels") or {}).items() if k != "wheels"},
+         "requirements_current": carried is None or carried == runtime_requirements()}
     Path(out).write_text(json.dumps(d, indent=1))
     print(f"carry {size / MIB:.2f} MiB + working tree {'n/a' if tree is None else f'{tree / MIB:.2f} MiB'} = "
           f"{d['total_bytes'] / MIB:.2f} MiB (limit {LIMIT_BYTES // MIB} MiB): {'fits' if d['fits'] else 'TOO BIG'}")
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {k:<32} {v / MIB:8.2f} MiB")
-    return 0 if d["fits"] else 1
+    if not d["requirements_current"]:
+        print("the carried requirements.txt is not pyproject.toml's dependencies: run "
+              "`bash benches/gpu_check.sh --prepare` again")
+    return 0 if d["fits"] and d["requirements_current"] else 1
 
 
 def check_model(carry_dir: str, name: str, path: str, out: str) -> int:
