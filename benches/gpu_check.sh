@@ -264,7 +264,7 @@ step carry 120 5 bash -c s_carry
 step unpack 60 5 bash -c s_unpack
 step deps 180 10 bash -c s_deps
 step configure 120 10 bash -c s_configure
-step build 360 60 bash -c s_build
+step build 330 60 bash -c s_build  # the long pole: ~4 min expected; later steps get what is left
 step install_llama_cpp 120 10 bash -c s_install_llama_cpp
 for m in $MODELS; do step "inflate_$m" 120 10 bash -c "s_inflate $m"; done
 step hw 60 5 bash -c s_hw
