@@ -80,12 +80,12 @@ def _finish_of(params: SamplingParams, reason: str):
 def test_every_wire_format_reports_a_constrained_loop_as_a_cut():
     from localrun.server.anthropic.convert import MessageBuilder
     from localrun.server.ollama.convert import ollama_final_fields
-    from localrun.server.responses.routes import _final
+    from localrun.server.responses.resource import final
 
     p = SamplingParams(constraint=Constraint("json_schema", {}, "text.format.schema"))
     f = _finish_of(p, "loop")
     assert f.reason == "length" and f.looped
-    r = _final({"id": "resp_x", "output": []}, [], f, p)
+    r = final({"id": "resp_x", "output": []}, [], f, p)
     assert r["status"] == "incomplete" and r["incomplete_details"]["reason"] == "max_output_tokens"
     assert "loop guard" in r["incomplete_details"]["message"]
     b = MessageBuilder("m", 3)
@@ -94,10 +94,10 @@ def test_every_wire_format_reports_a_constrained_loop_as_a_cut():
     assert ollama_final_fields(f.stats, f.reason, 0.0)["done_reason"] == "length"
     free = _finish_of(SamplingParams(), "loop")  # free text: the loop stays a loop ("stop" on the wire)
     assert free.reason == "loop" and free.looped
-    assert _final({"id": "resp_x", "output": []}, [], free, SamplingParams())["status"] == "completed"
+    assert final({"id": "resp_x", "output": []}, [], free, SamplingParams())["status"] == "completed"
     plain = _finish_of(p, "length")
     assert plain.reason == "length" and not plain.looped
-    assert "message" not in _final({"id": "resp_x", "output": []}, [], plain, p)["incomplete_details"]
+    assert "message" not in final({"id": "resp_x", "output": []}, [], plain, p)["incomplete_details"]
 
 
 def test_the_terminal_chat_says_a_cut_structured_answer_is_incomplete():

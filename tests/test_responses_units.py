@@ -196,10 +196,10 @@ def test_a_conversation_is_the_chain_of_its_responses(tmp_path):
 
 def test_stats_shape_the_usage():
     from localrun.server.reply import Finish
-    from localrun.server.responses.routes import _final
+    from localrun.server.responses.resource import final
 
-    r = _final({"id": "resp_x", "output": []}, [], Finish("length", Stats(prompt_tokens=10, completion_tokens=4,
-                                                                           cached_tokens=6), reasoning_tokens=2))
+    r = final({"id": "resp_x", "output": []}, [], Finish("length", Stats(prompt_tokens=10, completion_tokens=4,
+                                                                          cached_tokens=6), reasoning_tokens=2))
     assert r["status"] == "incomplete" and r["incomplete_details"] == {"reason": "max_output_tokens"}
     assert r["usage"] == {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 6}, "output_tokens": 4,
                           "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 14}
