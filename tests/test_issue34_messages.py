@@ -25,7 +25,7 @@ def _help(*args: str) -> str:
 def test_spec_help_says_off_by_default_and_why_and_draft_max_16(command):
     text = _help(command)
     assert "Off by default" in text or "off by default" in text
-    assert "not yet exact" in text
+    assert "not lossless" in text and "0.3 nat" in text  # what a user gives up (docs/chat.md, Not exact)
     assert "default 16" in text and "default 8" not in text
 
 

@@ -67,8 +67,9 @@ def register(app: typer.Typer) -> None:
         warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send one unmeasured request first."),
         spec_mode: Optional[str] = typer.Option(None, "--spec", metavar="auto|ngram|draft|off",
                                       help="Speculative decoding in-process (llama.cpp); off by default (auto with "
-                                           "--draft-model): not yet exact (a verify step's batch shape can "
-                                           "change the logits)."),
+                                           "--draft-model): not lossless on the CPU (a verify step takes other "
+                                           "kernels than a one-token step: logprobs move by up to ~0.3 nat and "
+                                           "greedy or seeded text can change; docs/chat.md, Not exact)."),
         draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
                                                   help="Draft model for --spec auto/draft (same vocabulary)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",

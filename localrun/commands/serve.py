@@ -160,8 +160,9 @@ def register(app: typer.Typer) -> None:
         spec_mode: Optional[str] = typer.Option(None, "--spec", metavar="auto|ngram|draft|off",
             help="Speculative decoding (llama.cpp): prompt lookup or a draft model, verified inside the batch; "
                  "auto turns itself off where it would lose. Off by default (auto with --draft-model): not "
-                 "yet exact (a verify step's batch shape can change the logits, so repeated greedy requests "
-                 "could differ)."),
+                 "lossless on the CPU (a verify step takes other kernels than a one-token step: logprobs move "
+                 "by up to ~0.3 nat and greedy or seeded text can change where the top-2 margin is below "
+                 "~0.3; docs/chat.md, Not exact)."),
         draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="MODEL",
             help="A small model with the same vocabulary, drafting for the models that share it (--spec)."),
         draft_max: Optional[int] = typer.Option(None, "--draft-max", min=0, metavar="N",
