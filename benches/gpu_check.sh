@@ -112,7 +112,12 @@ step() {
         say "$name: FAILED in ${dt}s: $why"
         record "$name" failed "$dt" "$why"
     fi
+    write_report > /dev/null 2>&1  # after every step: a run cut short still leaves its report in $OUT
     return 0
+}
+write_report() {
+    "$PY" "$HELP/report.py" write "$WORK" "$REPORT_DIR" "$(elapsed)" "$BUDGET" &&
+        tar czf "$REPORT_DIR/logs.tar.gz" -C "$WORK" logs results steps.tsv
 }
 skip() { echo "$1"; exit 77; }
 export -f skip
@@ -285,8 +290,7 @@ else
 fi
 
 say "report"
-"$PY" "$HELP/report.py" write "$WORK" "$REPORT_DIR" "$(elapsed)" "$BUDGET" || echo "gpu_check: report failed"
-tar czf "$REPORT_DIR/logs.tar.gz" -C "$WORK" logs results steps.tsv 2>/dev/null
+write_report 2>&1 || echo "gpu_check: report failed"
 say "done: $REPORT_DIR/report.md, $REPORT_DIR/report.json, $REPORT_DIR/logs.tar.gz"
 [ -f "$REPORT_DIR/report.md" ] && cat "$REPORT_DIR/report.md"
 exit 0
