@@ -144,7 +144,9 @@ MODEL_FIXTURES = frozenset({"smollm_path", "gemma_path", "smollm_engine", "draft
 # batches, speculation, MLX) run first, so that no worker starts one of them while the other is nearly done.
 # pyproject's addopts has --no-loadscope-reorder: xdist would otherwise sort the files by their number of
 # tests, which put the two Claude Code tests last (a 2.5-minute tail on one worker, measured)
-LONG_FILES = ("test_claude_code.py", "test_codex.py", "test_spec.py", "test_batch_equivalence.py", "test_launch.py",
+LONG_FILES = ("test_claude_code_as_installed.py", "test_qwen_code_as_installed.py", "test_claude_code.py",
+              "test_codex_as_installed.py", "test_codex.py", "test_spec.py", "test_batch_equivalence.py",
+              "test_launch.py",
               "test_kv_tiers.py", "test_engine_swa_interrupt.py", "test_constrain_engine.py", "test_mlx_serve.py",
               "test_mlx_spec.py", "test_mlx.py", "test_repeatable_default.py", "test_constrain_mlx.py",
               "test_kv_tiers_boundaries.py", "test_responses.py", "test_mlx_kv.py")

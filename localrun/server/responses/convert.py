@@ -55,8 +55,8 @@ def check_items(items: list[dict], known_calls: dict[str, str], param: str = "in
 
     As OpenAI does, a call without a ``call_id`` takes its ``id`` (or a new one), and a tool output without one
     answers the earliest call not yet answered (of its ``name``, when it has one). Items of hosted tools
-    (``web_search_call``, ``local_shell_call``, ``mcp_call``, …: any other ``type``) are accepted and left out
-    of the conversation, logged once."""
+    (``web_search_call``, ``local_shell_call``, ``mcp_call``, …: ``_is_hosted_item``) are accepted and left
+    out of the conversation, logged once; any other unknown ``type`` is a 400 naming it."""
     out = []
     unanswered = [c for c in known_calls]  # call ids in the order they were made, not yet answered
     skipped: list[str] = []
@@ -99,9 +99,14 @@ def check_items(items: list[dict], known_calls: dict[str, str], param: str = "in
         elif kind == "item_reference":
             raise RequestError(f"{where}: item_reference is not supported; send the item itself, or continue "
                                "with previous_response_id", param=f"{where}.type", code="unsupported_value")
-        else:  # a hosted tool's call or output (or an item type newer than this server): not the model's
+        elif _is_hosted_item(kind):  # a hosted tool's call or its output: the model never made it
             skipped.append(kind)
             continue
+        else:
+            raise RequestError(f"{where}.type {kind!r} is not an input item localrun takes (message, "
+                               "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
+                               "reasoning, or a hosted tool's *_call item)", param=f"{where}.type",
+                               code="invalid_value")
         out.append(item)
     if skipped:
         from localrun.server.wire import log_once
@@ -110,6 +115,14 @@ def check_items(items: list[dict], known_calls: dict[str, str], param: str = "in
         log_once("responses-items:" + kinds, f"/v1/responses: input items of type {kinds} (hosted tools) are left "
                  "out of the conversation")
     return out
+
+
+def _is_hosted_item(kind: str) -> bool:
+    """Whether ``kind`` names a hosted tool's item (``web_search_call``, ``local_shell_call_output``,
+    ``mcp_list_tools``, ``image_generation_call``…) or a client's own bookkeeping item (Codex's
+    ``ghost_snapshot``, ``compaction``): accepted and left out of the conversation."""
+    return (kind.endswith(("_call", "_call_output")) or kind.startswith("mcp_")
+            or kind in ("ghost_snapshot", "compaction", "compaction_summary"))
 
 
 def _pair_output(item: dict, unanswered: list[str], known_calls: dict[str, str], where: str) -> str:
