@@ -69,9 +69,15 @@ class Specials:
     by_len: dict[int, frozenset[str]]
     anchors: dict[int, str]
     max_len: int = field(init=False)
+    lens_by_first: dict[str, tuple[int, ...]] = field(init=False)  # first character → lengths of texts
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_len", max(self.by_len, default=0))
+        first: dict[str, set[int]] = {}
+        for n, texts in self.by_len.items():
+            for t in texts:
+                first.setdefault(t[0], set()).add(n)
+        object.__setattr__(self, "lens_by_first", {ch: tuple(sorted(ns)) for ch, ns in first.items()})
 
 
 def vocab_specials(C, vocab) -> Specials | None:
@@ -152,6 +158,15 @@ class PromptTokenCache:
         self._store(key, ids)
         return ids
 
+    @property
+    def held_chars(self) -> int:
+        """Characters of text held now (≤ ``max_chars``)."""
+        return self._chars
+
+    def specials(self) -> Specials | None:
+        """The vocabulary's ``Specials`` (read on first use), or None where head reuse is off."""
+        return self._get_specials()
+
     # ------------------------------------------------------------------ internals
     def _raw(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         self.stats.chars_tokenized += len(text)
@@ -177,15 +192,6 @@ class PromptTokenCache:
                 self._chars -= len(old)
                 if p_s:
                     self._long[a_s].pop(old, None)
-
-    @property
-    def held_chars(self) -> int:
-        """Characters of text held now (≤ ``max_chars``)."""
-        return self._chars
-
-    def specials(self) -> Specials | None:
-        """The vocabulary's ``Specials`` (read on first use), or None where head reuse is off."""
-        return self._get_specials()
 
     def _get_specials(self) -> Specials | None:
         with self._specials_lock:
@@ -257,11 +263,11 @@ def _overlapped(text: str, s: int, c: str, specials: Specials) -> bool:
     """Whether any special text other than ``c`` itself at ``s`` overlaps ``text[s:s+len(c)]`` (then the
     partition may not cut there)."""
     x = s + len(c)
-    for n, texts in specials.by_len.items():
-        for p in range(max(0, s - n + 1), x):
-            if p == s and n == len(c):
+    for p in range(max(0, s - specials.max_len + 1), min(x, len(text))):
+        for n in specials.lens_by_first.get(text[p], ()):
+            if p + n <= s or (p == s and n == len(c)):
                 continue
-            if text[p:p + n] in texts:
+            if text[p:p + n] in specials.by_len[n]:
                 return True
     return False
 
