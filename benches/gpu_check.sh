@@ -10,6 +10,9 @@
 #   bash benches/gpu_check.sh --prepare            # here: build .gpu_carry/ (wheels, stripped source, headers)
 #   bash benches/gpu_check.sh --dry-run [--out D]  # here, on the CPU: every step but the CUDA ones
 #   bash benches/gpu_check.sh [--out D]            # on the device, carrying .gpu_carry
+#   PY=python3.12-venv/bin/python bash benches/gpu_check.sh --rehearse LIBDIR   # here: the device's install
+#       path (offline pip from the carry into PY, llama-cpp-python without its build) with the llama.cpp
+#       libraries of LIBDIR (a CPU build) in place of the CUDA build; measured like the dry run
 #
 # Options: --carry DIR (default .gpu_carry), --work DIR (default /tmp/gpu_check), --models "smollm2 gemma3",
 # --no-7b (skip the 4.4 GiB random-weight 7B at the end), --quick (dry run: the smallest measurements),
@@ -28,11 +31,13 @@ REPORT_DIR="${OUT:-}"
 MODELS="smollm2 gemma3"
 WITH_7B=1
 CLEAN=0
+REHEARSE=""  # --rehearse LIBDIR
 QUICK=0  # --quick (the suite's dry run): one round of a few tokens, one serve level of one request
 while [ $# -gt 0 ]; do
     case "$1" in
         --prepare) MODE=prepare ;;
         --dry-run) MODE=dry ;;
+        --rehearse) REHEARSE="$(cd "$2" && pwd)"; shift ;;
         --carry) CARRY="$2"; shift ;;
         --work) WORK="$2"; shift ;;
         --out) REPORT_DIR="$2"; shift ;;
@@ -70,13 +75,15 @@ BUILD="$WORK/build"
 SRC="$WORK/src/llama_cpp_python-src"
 JOBS="$(nproc)"
 PEER_BIN="$BUILD/bin"
-if [ "$MODE" = dry ]; then
+SMALL=0  # measure like the dry run (a CPU): the dry run and the rehearsal
+if [ "$MODE" = dry ] || [ -n "$REHEARSE" ]; then
     PEER_BIN="${GPU_CHECK_PEER_BIN:-/tmp/peer/build/bin}"
     WITH_7B=0
+    SMALL=1
 fi
 # localrun from this tree whatever pip does; $WORK/site holds llama_cpp if its pip install fails
 export PYTHONPATH="$ROOT:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 LOCALRUN_HOME="$WORK/home" GPU_CHECK_MODE="$MODE"
+export PYTHONUNBUFFERED=1 LOCALRUN_HOME="$WORK/home" GPU_CHECK_MODE="$MODE${REHEARSE:+ (rehearsal)}"
 export GPU_CHECK_CARRY="$CARRY" GPU_CHECK_WORK="$WORK" GPU_CHECK_MODELS="$MODELS"
 
 elapsed() { echo $(( $(date +%s) - START )); }
@@ -131,7 +138,7 @@ s_probe() {
         command -v nvcc >/dev/null && nvcc --version | tail -n 2 || echo "nvcc: none"
         cmake --version | head -n 1; ninja --version
     } | tee "$WORK/results/probe.txt"
-    if [ "$MODE" = device ]; then
+    if [ "$MODE" = device ] && [ -z "$REHEARSE" ]; then
         nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .' > "$WORK/cuda_arch"
         [ -s "$WORK/cuda_arch" ] || { echo "no compute capability from nvidia-smi"; return 1; }
     fi
@@ -175,6 +182,7 @@ cmake_args() {
 }
 s_configure() {
     [ -d "$SRC" ] || skip "no unpacked source"
+    [ -n "$REHEARSE" ] && skip "rehearsal: the libraries of $REHEARSE stand for the CUDA build"
     if [ "$MODE" = dry ]; then  # the stripped tree configures (CPU + RPC; no CUDA build here)
         cmake -S "$SRC/vendor/llama.cpp" -B "$WORK/build-cpu" $(cmake_args) -DGGML_CUDA=OFF > "$WORK/logs/cmake-cpu.txt" &&
             ninja -C "$WORK/build-cpu" -t targets all | grep -E '^(llama|mtmd|llama-server|llama-bench):'
@@ -199,6 +207,7 @@ s_configure() {
 }
 s_build() {
     [ "$MODE" = dry ] && skip "dry run: no CUDA build; the installed venv's CPU llama_cpp is measured"
+    [ -n "$REHEARSE" ] && skip "rehearsal: the libraries of $REHEARSE stand for the CUDA build"
     [ -f "$BUILD/build.ninja" ] || { echo "not configured"; return 1; }
     cmake --build "$BUILD" -j "$JOBS" --target llama mtmd llama-server llama-bench && ls -la "$BUILD/bin"
 }
@@ -208,7 +217,7 @@ s_install_llama_cpp() {
             --no-build-isolation "$SRC" || { echo "pip failed: llama_cpp from $WORK/site"; mkdir -p "$WORK/site" &&
             cp -r "$SRC/llama_cpp" "$WORK/site/"; } || return 1
         local lib; lib="$("$PY" -c 'import importlib.util,pathlib;print(pathlib.Path(importlib.util.find_spec("llama_cpp").submodule_search_locations[0])/"lib")')"
-        mkdir -p "$lib" && cp -a "$BUILD"/bin/lib*.so* "$lib"/ || return 1
+        mkdir -p "$lib" && cp -a "${REHEARSE:-$BUILD/bin}"/lib*.so* "$lib"/ || return 1
     fi
     "$PY" -c 'import llama_cpp
 from llama_cpp import llama_cpp as C
@@ -244,7 +253,7 @@ s_serve() {
     local a=(--model "$WORK/models/smollm2.gguf" --prefix-trials 0 --ctx 1024 --json "$WORK/results/serve.json")
     if [ "$QUICK" = 1 ]; then
         a+=(--levels 1 --requests-single 1 --max-tokens 4 --threads 1 --only localrun)
-    elif [ "$MODE" = dry ]; then
+    elif [ "$SMALL" = 1 ]; then
         a+=(--levels 1,2 --requests 2 --requests-single 1 --max-tokens 8 --threads 1)
         if [ -x "$PEER_BIN/llama-server" ]; then a+=(--llama-server "$PEER_BIN/llama-server"); else a+=(--only localrun); fi
     else
@@ -256,12 +265,12 @@ s_serve() {
 s_gpu_tests() {
     local files; files="$(grep -rlE 'mark\.(gpu|cuda)\b' "$ROOT/tests" 2>/dev/null)"
     [ -n "$files" ] || skip "no GPU-marked tests in tests/ (no pytest.mark.gpu or .cuda)"
-    [ "$MODE" = dry ] && skip "dry run: GPU-marked tests need the GPU ($files)"
+    [ "$SMALL" = 1 ] && skip "no GPU here: GPU-marked tests need one ($files)"
     "$PY" -m pytest -p no:xdist -p no:cacheprovider -o addopts="" -q -m "gpu or cuda" $files
 }
 export -f s_probe s_carry s_unpack s_deps cmake_args s_configure s_build s_install_llama_cpp s_inflate s_hw s_fit \
     s_measure s_serve s_gpu_tests
-export MODE QUICK CARRY WORK ROOT HELP PY SRC BUILD JOBS PEER_BIN PLATFORM_ARGS
+export MODE QUICK SMALL REHEARSE CARRY WORK ROOT HELP PY SRC BUILD JOBS PEER_BIN PLATFORM_ARGS
 
 say "mode $MODE, carry $CARRY, work $WORK, report $REPORT_DIR, budget ${BUDGET}s, models: $MODELS"
 step probe 30 5 bash -c s_probe
@@ -276,7 +285,7 @@ step hw 60 5 bash -c s_hw
 for m in $MODELS deepseek7b; do step "fit_$m" 60 5 bash -c "s_fit $m"; done
 for m in $MODELS; do  # the dry run on one thread: it checks that everything runs (2 threads spin on a busy 2-core box)
     if [ "$QUICK" = 1 ]; then step "measure_$m" 120 10 bash -c "s_measure $m 4 16 1 512 1"
-    elif [ "$MODE" = dry ]; then step "measure_$m" 150 10 bash -c "s_measure $m 32 128 1 '' 1"
+    elif [ "$SMALL" = 1 ]; then step "measure_$m" 150 10 bash -c "s_measure $m 32 128 1 '' 1"
     else step "measure_$m" 150 20 bash -c "s_measure $m 128 512 3"; fi
 done
 step serve 240 40 bash -c s_serve
