@@ -3,10 +3,13 @@
 ``claude -p`` at the pinned version and at an older one users still run (install.py: 2.1.197 sends
 ``propertyNames`` in ``TaskCreate``'s schema, which ended every session at its first request), with its own
 system prompt, all its tools, its streaming and its sampling: the first request reaches the server exactly
-as Claude Code sent it and is answered 200, and ``claude -p`` prints an answer and exits 0. The server runs
-Gemma-3-270M at 32k with ``--chat-template gemma`` (no tool syntax: the generic tool format) and
-``--n-predict`` (llama-server's server-side cap) so the tiny model's answer stays short; that option is
-the only thing that bounds it, the request is never rewritten.
+as Claude Code sent it and is answered 200 (every later request too), and Claude Code ends its session by
+itself: exit 0 with the answer, or, when the model chose to call a tool, its own "Reached max turns (1)"
+(``--max-turns 1``, a flag of the client that bounds the session; the request is the same). A 270M base
+model at Claude Code's temperature 1 picks a tool call or an answer by chance; either is the protocol
+working, and an API error or a refused request is neither. The server runs Gemma-3-270M at 32k with
+``--chat-template gemma`` (no tool syntax: the generic tool format) and ``--n-predict`` (llama-server's
+server-side cap) so the tiny model's answer stays short; the request is never rewritten.
 
 The prefill of Claude Code's ~12k-token prompt takes longer than the stream watchdog Claude Code is given
 here (``CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS``, 15 s: its own setting): the stream stays open to the end
@@ -29,7 +32,7 @@ pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
 @pytest.fixture(scope="module")
 def server(gemma_path, tmp_path_factory):
     srv = Serve(gemma_path, tmp_path_factory.mktemp("claude_as_installed"), "--ctx", "32768", "--parallel", "1",
-                "--chat-template", "gemma", "--n-predict", "48")
+                "--chat-template", "gemma", "--n-predict", "128")
     yield srv
     srv.close()
 
@@ -45,11 +48,13 @@ def test_claude_print_as_installed_answers_and_exits_0(server, version, tmp_path
                DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
                CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS="15000")
     before = len(server.log_text())
-    r = subprocess.run([str(claude), "-p", "What is the capital of France?"], cwd=work, env=env,
+    r = subprocess.run([str(claude), "-p", "What is the capital of France?", "--max-turns", "1"], cwd=work, env=env,
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
     log = server.log_text()[before:]
     statuses = [int(s) for s in re.findall(r"POST /v1/messages(?:\?\S*)? (\d{3})", log)]
-    assert statuses and statuses[0] == 200, log[-3000:]
-    assert "cannot be enforced" not in log and "not available" not in log
-    assert r.returncode == 0, f"claude {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
-    assert r.stdout.strip(), r.stderr[-1500:]
+    assert statuses and set(statuses) == {200}, log[-3000:]
+    assert "cannot be enforced" not in log
+    out = f"claude {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+    if "finish=tool_calls" in log and "Reached max turns" in r.stdout + r.stderr:
+        return  # the model called a tool: Claude Code parsed it and ended on its own turn limit
+    assert r.returncode == 0 and r.stdout.strip(), out

