@@ -464,3 +464,16 @@ def test_keep_alive_and_ttl_on_the_openai_routes(tmp_path, files):
 
     http_ = None
     run(app, reg, body)
+
+
+def test_an_unloaded_models_names_still_name_it(tmp_path, caplog):
+    """After a keep-alive unload, a request naming the model (its alias, file stem) reloads that model: the
+    name is not "not on this machine", and the default model is not answered in its place."""
+    from localrun.server.names import ModelNames
+
+    names = ModelNames(Settings(home=tmp_path, models_dir=tmp_path / "models"), {})
+    names.default_key = "/models/default.gguf"
+    names.remember({"gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m:latest"}, "/models/gemma.gguf")
+    with caplog.at_level("INFO", logger="localrun.server"):
+        key = asyncio.run(names.resolve("gemma-3-270m-q4_k_m"))
+    assert key == "/models/gemma.gguf" and "not on this machine" not in caplog.text
