@@ -12,7 +12,8 @@ Each step is recorded in the session's history as it ends (also a partial one: a
 generator, the partial answer and every call's result — "stopped by the user" for those not run — are
 kept, so no call is left without its result). Arguments that fail the tool's JSON Schema, an unknown
 tool, a declined call, a tool that failed: each is the call's result, for the model to read. After
-``max_steps`` steps the loop stops with a ``Note`` saying so. Before each step the ``compact`` context
+``max_steps`` steps the loop stops with a ``Note`` saying so, and also when a step repeats the previous
+step's calls with the same arguments (a small model going round in a circle). Before each step the ``compact`` context
 policy compacts the history past 0.8 of the window (``agent.compact``); what still does not fit drops
 whole turns from the start, the current turn always kept.
 """
@@ -83,6 +84,7 @@ class AgentLoop:
         s.notices.clear()
         s.messages.append(self._message("user", text))
         s.turns += 1
+        previous: list = []  # the last step's calls: (name, args)
         for n in range(1, self.max_steps + 1):
             stepper = Stepper(s, self.toolbox.definitions() if self.toolbox else None)
             yield from self._fit(stepper)
@@ -98,6 +100,13 @@ class AgentLoop:
                                                 thinking=reply.thinking.strip() or None))
             if not reply.calls or reply.finish is None:
                 return
+            same = [(c.name, c.args) for c in reply.calls]
+            if same == previous:
+                yield Note("stopped: the model repeated its last tool call(s) with the same arguments (their results "
+                           "are in the history; send a message to steer it)")
+                self._unanswered(reply.calls, "error: not run again: the same call was just made; its result is above")
+                return
+            previous = same
             yield from self._calls(reply.calls)
             if n == self.max_steps:
                 yield Note(f"stopped: reached --max-steps {self.max_steps} (the model's last tool results are in "
@@ -112,9 +121,11 @@ class AgentLoop:
                                                            name=call.name))
                 done += 1
         finally:
-            for call in calls[done:]:  # stopped (Ctrl-C): every call keeps a result
-                self.session.messages.append(self._message("tool", "error: the user stopped this call",
-                                                           tool_call_id=call.id, name=call.name))
+            self._unanswered(calls[done:], "error: the user stopped this call")  # Ctrl-C: every call keeps a result
+
+    def _unanswered(self, calls: list[Call], text: str) -> None:
+        for call in calls:
+            self.session.messages.append(self._message("tool", text, tool_call_id=call.id, name=call.name))
 
     def _call(self, call: Call):
         tb = self.toolbox

@@ -72,13 +72,14 @@ def builtin_tools(sets: list[str], root: str | os.PathLike | None = None) -> lis
         raise ValueError(f"unknown tool set {bad[0]!r} (known: {', '.join(BUILTIN_SETS)})")
     fs = _Files(Path(root or os.getcwd()))
     out: list[Tool] = []
+    file = {"type": "string", "description": "a file name, relative to the working directory"}
     if "read" in sets:
         out += [
             Tool("read_file", "Read a text file (up to 400 lines from line `offset`, 1-based).",
-                 _obj({"path": {"type": "string"}, "offset": {"type": "integer", "minimum": 1}}, ["path"]),
-                 fs.read),
-            Tool("list_folder", "List the entries of a folder (folders end with /).",
-                 _obj({"path": {"type": "string"}}, ["path"]), fs.list),
+                 _obj({"path": file, "offset": {"type": "integer", "minimum": 1}}, ["path"]), fs.read),
+            Tool("list_folder", "List the files and folders in a folder (folders end with /).",
+                 _obj({"path": {"type": "string", "description": '"." is the working directory'}}, ["path"]),
+                 fs.list),
             Tool("search_text", "Search the text files under a folder for a regular expression; "
                  "returns path:line: text for each matching line.",
                  _obj({"pattern": {"type": "string"}, "path": {"type": "string"}}, ["pattern"]), fs.search),
@@ -86,10 +87,10 @@ def builtin_tools(sets: list[str], root: str | os.PathLike | None = None) -> lis
     if "write" in sets:
         out += [
             Tool("write_file", "Write a whole text file (created or replaced).",
-                 _obj({"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
+                 _obj({"path": file, "content": {"type": "string"}}, ["path", "content"]),
                  fs.write, asks=True, preview=fs.write_diff),
             Tool("edit_file", "Replace one exact passage `old` of a text file with `new`.",
-                 _obj({"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+                 _obj({"path": file, "old": {"type": "string"}, "new": {"type": "string"}},
                       ["path", "old", "new"]), fs.edit, asks=True, preview=fs.edit_diff),
         ]
     if "shell" in sets:

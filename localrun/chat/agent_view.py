@@ -93,12 +93,23 @@ class AgentView:
         elif cmd == "/approvals":
             for line in self.agent.approvals.lines():
                 self.con.print(line, style="dim", markup=False)
+        elif cmd == "/tool-choice":
+            self.tool_choice(arg)
         elif cmd == "/undo-compact":
             n = self.repl.session.undo_compact()
             self.con.print(f"restored the history before the last compaction: {n} messages", style="dim")
         else:
             return False
         return True
+
+    def tool_choice(self, arg: str) -> None:
+        """/tool-choice [auto|required|NAME]: what the first step of each message must do (--tool-choice)."""
+        a = self.agent
+        if arg:
+            if arg not in ("auto", "required") and arg not in a.toolbox.tools:
+                raise ConfigError(f"/tool-choice {arg}: no such tool on offer", hint="/tools lists them")
+            a.tool_choice = arg
+        self.con.print(f"tool choice: {a.tool_choice} (the first step of each message)", style="dim")
 
     def tools(self, arg: str) -> None:
         tb = self.agent.toolbox

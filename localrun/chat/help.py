@@ -21,6 +21,7 @@ Agent mode (--tools, --mcp; docs/chat.md "Agent mode"):
   /mcp connect NAME [COMMAND ARGS… | URL]   start a server of the --mcp config, or a new one
   /mcp drop NAME     stop a server (its tools are no longer offered)
   /mcp read NAME URI show a resource; /mcp prompt NAME PROMPT [k=v …] sends a server's prompt
+  /tool-choice X     the first step of each message: auto, required (some tool) or a tool's name
   /approvals         the tool calls of this session and what was decided
   /undo-compact      restore the history as it was before the last compaction
 Input:
