@@ -174,36 +174,15 @@ s_deps() {
         echo "localrun's editable install failed: it runs from PYTHONPATH"
     "$PY" -m localrun --help > /dev/null && echo "localrun runs"
 }
-cmake_args() {
-    echo -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON -DGGML_NATIVE=ON \
-        -DGGML_CUDA_FA_ALL_QUANTS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
-}
 s_configure() {
     [ -d "$SRC" ] || skip "no unpacked source"
     [ -n "$REHEARSE" ] && skip "rehearsal: the libraries of $REHEARSE stand for the CUDA build"
-    if [ "$MODE" = dry ]; then  # the stripped tree configures (CPU + RPC; no CUDA build here)
-        cmake -S "$SRC/vendor/llama.cpp" -B "$WORK/build-cpu" $(cmake_args) -DGGML_CUDA=OFF > "$WORK/logs/cmake-cpu.txt" &&
+    if [ "$MODE" = dry ]; then  # the stripped tree configures (CPU + RPC, the same options; no CUDA build here)
+        bash "$HELP/configure.sh" "$SRC/vendor/llama.cpp" "$WORK/build-cpu" cpu "$PY" > "$WORK/logs/cmake-cpu.txt" &&
             ninja -C "$WORK/build-cpu" -t targets all | grep -E '^(llama|mtmd|llama-server|llama-bench):'
         return
     fi
-    local arch; arch="$(cat "$WORK/cuda_arch")"
-    cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" $(cmake_args) -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-        && return 0
-    # cuBLAS not where nvcc is (a toolkit without it, as on this project's CPU machine): take the one the
-    # image's Python packages ship (nvidia/*/include/cublas_v2.h) and name its libraries to CMake
-    local hdr root
-    hdr="$(find $("$PY" -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null) /usr/local/cuda* \
-        /usr/include -name cublas_v2.h 2>/dev/null | head -n 1)"
-    [ -n "$hdr" ] || { echo "no cublas_v2.h anywhere: cannot build ggml-cuda"; return 1; }
-    root="$(dirname "$(dirname "$hdr")")"
-    echo "retrying with cuBLAS from $root"
-    rm -rf "$BUILD"
-    cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" $(cmake_args) -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-        -DCUDA_cublas_LIBRARY="$(ls "$root"/lib*/libcublas.so* | head -n 1)" \
-        -DCUDA_cublasLt_LIBRARY="$(ls "$root"/lib*/libcublasLt.so* | head -n 1)" \
-        -DCMAKE_CUDA_FLAGS="-I$root/include" -DCMAKE_CXX_FLAGS="-I$root/include" -DCMAKE_C_FLAGS="-I$root/include"
+    bash "$HELP/configure.sh" "$SRC/vendor/llama.cpp" "$BUILD" "$(cat "$WORK/cuda_arch")" "$PY"
 }
 s_build() {
     [ "$MODE" = dry ] && skip "dry run: no CUDA build; the installed venv's CPU llama_cpp is measured"
@@ -268,7 +247,7 @@ s_gpu_tests() {
     [ "$SMALL" = 1 ] && skip "no GPU here: GPU-marked tests need one ($files)"
     "$PY" -m pytest -p no:xdist -p no:cacheprovider -o addopts="" -q -m "gpu or cuda" $files
 }
-export -f s_probe s_carry s_unpack s_deps cmake_args s_configure s_build s_install_llama_cpp s_inflate s_hw s_fit \
+export -f s_probe s_carry s_unpack s_deps s_configure s_build s_install_llama_cpp s_inflate s_hw s_fit \
     s_measure s_serve s_gpu_tests
 export MODE QUICK SMALL REHEARSE CARRY WORK ROOT HELP PY SRC BUILD JOBS PEER_BIN PLATFORM_ARGS
 
