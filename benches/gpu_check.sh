@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
         --no-7b) WITH_7B=0 ;;
         --quick) QUICK=1 ;;
         --clean) CLEAN=1 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
