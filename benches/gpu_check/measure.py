@@ -1,5 +1,6 @@
 """One model loaded as localrun plans it: llama.cpp's buffers and NVML's memory against the plan, then
-decode and prefill against ``llama-bench`` on the same device. Writes one JSON (stdout's last line too).
+decode and prefill against ``llama-bench`` on the same device. Writes one JSON (``--out``) and prints the
+comparison.
 
 Per buffer (bytes; ratio = measured / planned, 1.00 exact):
 
@@ -19,7 +20,8 @@ Per buffer (bytes; ratio = measured / planned, 1.00 exact):
 
 Speeds (tok/s, best of ``--rounds``): localrun's decode of ``--tokens`` tokens (``ignore_eos``) and prefill
 of ``--prompt`` tokens (benches/decode.py's ``bench_localrun_prefill``) against ``llama-bench -p PROMPT -n
-TOKENS -ngl <plan's> -fa <plan's> -r ROUNDS`` (tg/pp avg_ts), and the plan's predicted decode/prefill.
+TOKENS -r ROUNDS`` with the plan's ``-ngl``, ``-fa``, ``-b``, ``-ub``, ``-ctk``/``-ctv`` (tg/pp avg_ts), and
+the plan's predicted decode/prefill.
 
     python benches/gpu_check/measure.py MODEL.gguf --out OUT.json [--llama-bench PATH] [--tokens 128]
         [--prompt 512] [--rounds 3] [--ctx N] [--threads N] [--fit-json FIT.json]
