@@ -1,10 +1,11 @@
-"""Prefix caching on models with recurrent layers (hybrids: qwen35's gated delta-net, lfm2's short-conv):
-their state cannot be cut back, so the engine reuses a cached prefix through context checkpoints
-(``llamacpp/checkpoints.py``). A five-turn conversation that edits an earlier turn and resends another
-reuses as much of its prompts as SmolLM2 (attention only) does, and each turn's greedy tokens are a fresh
-engine's; a prompt prefilled whole says why in the log; the KV tiers restore a hybrid's snapshot only at its
-exact end; speculative decoding on a hybrid is refused. Tiny random-weight GGUFs of the real layouts
-(``tests/tiny_layouts.py``): their text means nothing, so runs are compared token by token."""
+"""Prefix caching on models with recurrent layers (hybrids: qwen35's gated delta-net, nemotron_h's Mamba-2,
+lfm2's short-conv): their state cannot be cut back, so the engine reuses a cached prefix through context
+checkpoints (``llamacpp/checkpoints.py``). A five-turn conversation that edits an earlier turn and resends
+another reuses as much of its prompts as SmolLM2 (attention only) does, and each turn's greedy tokens are a
+fresh engine's; a prompt prefilled whole says why in the log; the KV tiers restore a hybrid's snapshot at its
+end or through the checkpoints it carries, from RAM and from disk after a restart; speculative decoding on a
+hybrid is refused. Tiny random-weight GGUFs of the real layouts (``tests/tiny_layouts.py``): their text means
+nothing, so runs are compared token by token."""
 
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ SYSTEM = ("You are a careful assistant for a warehouse. " + " ".join(
 
 
 def _engine(path, n_ctx=512):
+    """One thread: the runs are short, and a busy 2-core machine makes a second thread wait for the first."""
+    from dataclasses import replace
+
     from localrun.backends import load_engine
     from localrun.model.gguf_info import read_gguf
     from localrun.offload.plan import simple_plan
 
-    return load_engine(path, simple_plan(read_gguf(path), n_ctx=n_ctx))
+    return load_engine(path, replace(simple_plan(read_gguf(path), n_ctx=n_ctx), n_threads=1, n_threads_batch=1))
 
 
 def _empty(eng):
@@ -124,7 +128,7 @@ def smollm_rate(smollm_path):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+@pytest.mark.parametrize("arch", ["qwen35", "nemotron_h", "lfm2"])
 def test_five_turns_reuse_as_much_as_an_attention_model(arch, smollm_rate, hybrids):
     eng, fresh = hybrids(arch)
     assert eng.recurrent and eng.checkpoints is not None

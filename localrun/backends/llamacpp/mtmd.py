@@ -305,7 +305,10 @@ class Projector:
                 mark = LlamaLog.mark()
                 rc = C.llama_decode(engine.ctx, batch)
                 if rc != 0:
-                    C.llama_memory_seq_rm(engine.mem, seq, start, -1)
+                    if not C.llama_memory_seq_rm(engine.mem, seq, start, -1):  # a recurrent state: not cut back
+                        C.llama_memory_seq_rm(engine.mem, seq, 0, -1)
+                        g.slot.forget()
+                        g.n_prompt_done = 0
                     raise BackendError(f"llama_decode failed on an image (code {rc}): "
                                        + last_errors(LlamaLog.since(mark)))
         finally:
