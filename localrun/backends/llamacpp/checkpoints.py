@@ -32,7 +32,8 @@ Where a checkpoint is taken (the positions cost a prefill chunk boundary, never 
 Bounds: at most ``max_per_slot`` per slot and ``max_bytes`` in all (host RAM); past either, the
 checkpoint closest to the one before it in its slot goes first (the spacing stays even), the newest never.
 ``stats`` counts saves, restores, the tokens they saved, evictions and whole prefills; the log says why a
-prompt is prefilled whole (``recurrent state cannot be cut at 412 of 586; no checkpoint ≤ 412``).
+prompt is prefilled whole, at INFO (``recurrent state cannot be cut at 412 of 586; no checkpoint ≤ 412``),
+and which checkpoint a cut restored, at DEBUG.
 
 The KV tiers (``kv_cache.py``) hold full snapshots of such a model (attention KV and recurrent state) and
 restore one only when its tokens are a strict prefix of the prompt, never to be cut (``exact_only``).
@@ -195,7 +196,7 @@ class Checkpoints:
             self.drop_after(slot, cp.n_tokens)
             self.stats.restores += 1
             self.stats.restored_tokens += cp.n_tokens
-            log.info("checkpoint: recurrent state cannot be cut at %d of %d; restored the checkpoint at %d "
+            log.debug("checkpoint: recurrent state cannot be cut at %d of %d; restored the checkpoint at %d "
                      "(%d bytes), prefilling %d of %d prompt tokens", n_keep, len(slot.tokens), cp.n_tokens,
                      cp.nbytes, n_prompt - cp.n_tokens, n_prompt)
             return cp.n_tokens
