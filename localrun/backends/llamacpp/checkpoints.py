@@ -197,8 +197,8 @@ class Checkpoints:
             self.stats.restores += 1
             self.stats.restored_tokens += cp.n_tokens
             log.debug("checkpoint: recurrent state cannot be cut at %d of %d; restored the checkpoint at %d "
-                     "(%d bytes), prefilling %d of %d prompt tokens", n_keep, len(slot.tokens), cp.n_tokens,
-                     cp.nbytes, n_prompt - cp.n_tokens, n_prompt)
+                      "(%d bytes), prefilling %d of %d prompt tokens", n_keep, len(slot.tokens), cp.n_tokens,
+                      cp.nbytes, n_prompt - cp.n_tokens, n_prompt)
             return cp.n_tokens
         why = "its checkpoint did not restore" if cp is not None else f"no checkpoint ≤ {n_keep}"
         log.info("recurrent state cannot be cut at %d of %d; %s: prefilling all %d prompt tokens", n_keep,
