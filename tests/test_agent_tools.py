@@ -122,3 +122,28 @@ def test_each_family_gets_a_call_constraint_in_its_syntax(template, syntax):
     assert forced.kind == "lark" and '"read_file"' in forced.source
     auto = st.constraint("auto", setup)
     assert (auto is not None) == (syntax == "generic")  # the generic answer is always one JSON object
+
+
+def test_a_schema_llguidance_cannot_enforce_leaves_the_step_unconstrained_but_checked():
+    """Lenient: under tool_choice auto the step runs without the constraint (and says why); a forced call
+    cannot be made without it, so that is an error; the arguments are still validated with jsonschema."""
+    from types import SimpleNamespace
+
+    from localrun.agent.step import Stepper
+    from localrun.agent.tools import Tool
+    from localrun.dialects import detect_family
+    from localrun.errors import ConstraintError
+
+    schema = {"type": "object", "properties": {"word": {"type": "string", "pattern": "(?<=x)y"}}, "required": ["word"]}
+    odd = Tool("tag", "Tag a word.", schema, lambda a: "tagged")
+    tb = Toolbox([])
+    tb.tools["tag"] = odd
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    st = Stepper(SimpleNamespace(family=detect_family(chatml), engine=SimpleNamespace(template_source=chatml)),
+                 tb.definitions())
+    c, why = st.lenient_constraint("auto", SimpleNamespace(thinking=False))
+    assert c is None and "(?<=x)y" in why
+    with pytest.raises(ConstraintError):
+        st.lenient_constraint("tag", SimpleNamespace(thinking=False))
+    assert "does not match" in tb.check("tag", {"word": "zz"})
+    assert tb.check("tag", {"word": "xy"}) is None

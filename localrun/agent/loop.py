@@ -98,6 +98,9 @@ class AgentLoop:
                 calls = [c.as_history() for c in reply.calls]
                 s.messages.append(self._message("assistant", reply.content, tool_calls=calls or None,
                                                 thinking=reply.thinking.strip() or None))
+            if reply.unenforced and n == 1:
+                yield Note(f"the tool calls were not constrained ({reply.unenforced}); they are still checked "
+                           "against the tools' schemas")
             if not reply.calls or reply.finish is None:
                 return
             same = [(c.name, c.args) for c in reply.calls]

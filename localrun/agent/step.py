@@ -52,6 +52,7 @@ class StepReply:
     thinking: str = ""
     calls: list[Call] = field(default_factory=list)
     finish: object = None
+    unenforced: str | None = None  # why the tools' constraint was left off (a schema llguidance cannot take)
 
 
 class Stepper:
@@ -116,24 +117,31 @@ class Stepper:
             c = Constraint("lark", f"start: {json.dumps(t.budget_close)} tool_call\n{body}", param=c.param)
         return c
 
+    def lenient_constraint(self, choice: str, setup) -> tuple[object, str | None]:
+        """``constraint``, leniently: under "auto"/"none" a tool schema llguidance cannot enforce leaves the
+        step unconstrained → (None, why); the calls are still checked against the schemas (``toolbox``).
+        Raises ConstraintError for a forced ``choice``."""
+        from localrun.errors import ConstraintError
+
+        try:
+            return self.constraint(choice, setup), None
+        except ConstraintError as e:
+            if choice not in ("auto", "none"):
+                raise
+            return None, e.message
+
     def run(self, messages: list, choice: str = "auto", reply: StepReply | None = None, *,
             overrides: dict | None = None) -> Iterator:
         """Stream one step over ``messages``: yields the session's ``Piece``s; ``reply`` (a StepReply) is
-        filled as it goes (content, thinking, calls, finish). ``overrides``: SamplingParams fields for this
-        step (the summary's ``max_tokens``). Raises ChatTemplateError,
-        ContextOverflowError, ConstraintError (only for a forced ``choice``; under "auto" a schema
-        llguidance cannot enforce leaves the step unconstrained: lenient)."""
-        from localrun.errors import ConstraintError
+        filled as it goes (content, thinking, calls, finish; ``unenforced``: why the step ran without its
+        constraint). ``overrides``: SamplingParams fields for this step (the summary's ``max_tokens``).
+        Raises ChatTemplateError, ContextOverflowError, ConstraintError (a forced ``choice`` only:
+        ``lenient_constraint``)."""
 
         reply = reply if reply is not None else StepReply()
         forced = choice not in ("auto", "none")
         tokens, setup = self.prompt(messages, constrained=forced)
-        try:
-            c = self.constraint(choice, setup)
-        except ConstraintError:
-            if forced:
-                raise
-            c = None
+        c, reply.unenforced = self.lenient_constraint(choice, setup)
         params = replace(setup.params, constraint=c, **(overrides or {}))
         if c is not None:  # the constraint starts at the first token: no thinking budget fields
             params = replace(params, reasoning_budget=None, end_thinking=None)

@@ -42,7 +42,10 @@ class AgentView:
 
     # ------------------------------------------------------------------ a turn
     def ask(self, name: str, preview: str) -> str:
-        return self.repl.read_line(ASK.format(name=name))
+        try:
+            return self.repl.read_line(ASK.format(name=name))
+        except EOFError:  # Ctrl-D at the question: no (leaving is for the prompt)
+            return "n the user declined (Ctrl-D)"
 
     def answer(self, text: str) -> None:
         from localrun.chat.thinking_view import LiveThinking
