@@ -4,6 +4,7 @@ family gets (the generic format where the template has no tool syntax)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,42 @@ def test_a_schema_llguidance_cannot_enforce_leaves_the_step_unconstrained_but_ch
         st.lenient_constraint("tag", SimpleNamespace(thinking=False))
     assert "does not match" in tb.check("tag", {"word": "zz"})
     assert tb.check("tag", {"word": "xy"}) is None
+
+
+TEMPLATES = sorted((Path(__file__).parent / "data" / "templates").glob("*.jinja"))
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
+def test_an_agent_history_renders_with_every_template_and_a_call_can_be_forced(path):
+    """A turn with a tool call and its result renders through each real template (its own tool syntax, or the
+    generic format's text where it has none), the tools in the prompt, and a forced call's grammar builds."""
+    from localrun.agent.step import Call, Stepper
+    from localrun.backends.base import SamplingParams
+    from localrun.chat.session import ChatMessage, ChatSession
+    from localrun.model.chat_template import ChatTemplate
+
+    source = path.read_text()
+
+    class Renderer:  # the chat template alone (what an engine's tokenize_chat renders), no model
+        template_source, n_ctx, model_path, backend = source, 4096, str(path), "none"
+        has_chat_template = True
+
+        def tokenize_chat(self, messages, *, tools=None, template_kwargs=None, **kw):
+            self.text = ChatTemplate(source, bos_token="<s>", eos_token="</s>").render(
+                messages, tools=tools, template_kwargs=template_kwargs)
+            return self.text, list(range(len(self.text)))
+
+    s = ChatSession(engine := Renderer(), SamplingParams(), context_policy="compact")
+    call = Call("call_0123456789abcdef01234567", "list_folder", {"path": "."})
+    s.messages = [ChatMessage("user", "What is here?"), ChatMessage("assistant", "", tool_calls=[call.as_history()]),
+                  ChatMessage("tool", "notes.txt", tool_call_id=call.id, name=call.name),
+                  ChatMessage("assistant", "There is notes.txt."), ChatMessage("user", "Read it.")]
+    st = Stepper(s, Toolbox(["read"]).definitions())
+    st.prompt(s.conversation(), constrained=True)
+    setup = s.setup(constrained=True)
+    assert "list_folder" in engine.text and "notes.txt" in engine.text and "read_file" in engine.text
+    forced = st.constraint("read_file", setup)
+    assert forced.kind == "lark" and "read_file" in forced.source
+    t = st.family.thinking
+    if setup.thinking and t is not None and t.opened_by_template:  # DeepSeek-R1: the call comes after the close
+        assert forced.source.startswith("start: " + json.dumps(t.budget_close))

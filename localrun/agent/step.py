@@ -3,7 +3,8 @@
 The prompt is the chat session's conversation (system prompt, user and assistant turns, assistant
 ``tool_calls`` and ``tool`` results) in the shape the template reads (``dialects.history``). A template
 with tool syntax (``Family.tools``: Hermes, Llama 3, Mistral, DeepSeek, harmony) gets the tools in its
-own ``tools`` variable; one without (ChatML of SmolLM2, Gemma) uses the generic format
+own ``tools`` variable; one without (ChatML of SmolLM2, Gemma; or one that has a call syntax but does not
+list the tools, as DeepSeek-R1's distills) uses the generic format
 (``dialects.generic``, llama-server's fallback): the tools are described in the system message and the
 whole answer is constrained to one call or ``{"response": ...}`` (``constrain.generic_constraint``).
 ``choice`` is ``tool_choice``: "auto", "required", a tool's name (both forced with
@@ -27,6 +28,18 @@ from typing import Iterator
 
 from localrun.dialects import ReplyParser, ToolCallEnd, ToolCallStart
 from localrun.dialects.history import messages_for_template
+
+
+def _renders_tools(engine) -> bool:
+    """Whether the engine's chat template renders a ``tools`` list (``Engine.supports_tools``; read from the
+    template text where the engine does not say). A template with tool-call syntax that does not list the
+    tools (DeepSeek-R1's distills) gets the generic format, so the model sees what it may call."""
+    says = getattr(engine, "supports_tools", None)
+    if isinstance(says, bool):
+        return says
+    from localrun.model.chat_template import template_supports_tools
+
+    return template_supports_tools(getattr(engine, "template_source", None))
 
 
 @dataclass
@@ -62,7 +75,7 @@ class Stepper:
         self.session = session
         self.tools = tools or None
         fam = session.family
-        self.generic = self.tools is not None and fam.tools is None
+        self.generic = self.tools is not None and (fam.tools is None or not _renders_tools(session.engine))
         self.family = replace(fam, tools="generic") if self.generic else fam
 
     def _history_family(self, messages: list[dict]):
@@ -102,13 +115,13 @@ class Stepper:
             return None
         name = None if choice in ("auto", "required", "none") else choice
         if self.generic:
-            return generic_constraint(self.tools, name, required=choice == "required",
-                                      answer_only=choice == "none")
-        if choice in ("auto", "none"):
+            c = generic_constraint(self.tools, name, required=choice == "required", answer_only=choice == "none")
+        elif choice in ("auto", "none"):
             return None
-        c = tool_call_constraint(self.family, self.tools, name)
+        else:  # the syntax alone, as the server passes it: thinking is handled below
+            c = tool_call_constraint(self.family.tools, self.tools, name)
         t = self.family.thinking
-        if setup.thinking and t is not None and t.opened_by_template:  # close the open block first (R1)
+        if setup.thinking and t is not None and t.opened_by_template:  # the prompt opened the block: close it (R1)
             import re
 
             from localrun.backends.base import Constraint

@@ -253,7 +253,10 @@ def build_agent(session, tool_sets: list[str], mcp_path, *, yes: bool, max_steps
     from localrun.agent import AgentLoop, Approvals, Toolbox
     from localrun.agent.mcp import load_config
 
-    toolbox = Toolbox(list(tool_sets))
+    from localrun.agent.toolbox import RESULT_CAP
+
+    # a result the model sees: at most about a quarter of the window (~4 characters a token)
+    toolbox = Toolbox(list(tool_sets), result_cap=min(RESULT_CAP, max(1000, session.engine.n_ctx)))
     configs = []
     if mcp_path is not None:
         try:
