@@ -66,16 +66,17 @@ def claude_binary(version: str = CLAUDE_CODE[1]) -> Path:
 
 
 def codex_binary(version: str = CODEX[1]) -> Path:
-    mods = npm_package(CODEX[0], version)
-    cand = mods / ".bin" / "codex"
-    if not cand.exists():
-        pytest.fail(f"Codex's launcher is not under {mods}")
-    return cand
+    return _launcher(CODEX[0], version, "codex")
 
 
 def qwen_binary(version: str = QWEN_CODE[1]) -> Path:
-    mods = npm_package(QWEN_CODE[0], version)
-    cand = mods / ".bin" / "qwen"
+    return _launcher(QWEN_CODE[0], version, "qwen")
+
+
+def _launcher(package: str, version: str, name: str) -> Path:
+    """``node_modules/.bin/NAME`` of ``package@version`` (installed on first use); fails the test if absent."""
+    mods = npm_package(package, version)
+    cand = mods / ".bin" / name
     if not cand.exists():
-        pytest.fail(f"Qwen Code's launcher is not under {mods}")
+        pytest.fail(f"{name}'s launcher is not under {mods}")
     return cand
