@@ -252,7 +252,6 @@ def build_agent(session, tool_sets: list[str], mcp_path, *, yes: bool, max_steps
     ``err``, the chat goes on), the approvals → (AgentLoop, the config's ServerConfigs)."""
     from localrun.agent import AgentLoop, Approvals, Toolbox
     from localrun.agent.mcp import load_config
-
     from localrun.agent.toolbox import RESULT_CAP
 
     # a result the model sees: at most about a quarter of the window (~4 characters a token)
