@@ -468,11 +468,10 @@ class MlxEngine:
 
         v = np.array(lp[0].astype(self.mx.float32))
         piece = self.token_bytes(tok)
-        top = np.argsort(-v)[:top_n] if top_n else []
-        return TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=float(v[tok]),
-                            bytes=list(piece), top=[(self.detokenize([int(t)]), float(v[t])) for t in top],
-                            token_id=tok, top_ids=[int(t) for t in top],
-                            top_bytes=[list(self.token_bytes(int(t))) for t in top])
+        top = [int(t) for t in np.argsort(-v)[:top_n]] if top_n else []
+        return TokenLogprob(token=piece.decode("utf-8", errors="replace"), logprob=float(v[tok]), bytes=list(piece),
+                            top=[(self.detokenize([t]), float(v[t])) for t in top], token_id=tok, top_ids=top,
+                            top_bytes=[list(self.token_bytes(t)) for t in top])
 
     def logits(self, tokens: Sequence[int]):
         """Teacher-forced logits for every position of ``tokens`` (fresh cache): ``mx.array [n, vocab]``."""
