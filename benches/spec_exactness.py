@@ -17,7 +17,10 @@ products, Q8_0/F16 embeddings and output). The two sum the same products in anot
 results differ in their last bits, and 30 layers amplify it. Within GEMM, a row's result does not depend on
 how many columns are beside it (the same k-order per element), which is why batches of 2 and of 9 agree.
 
-    python benches/spec_exactness.py [--tokens 48] [--model PATH ...] [--flash-attn on|off|both]
+    python benches/spec_exactness.py [--tokens 48] [--model PATH ...] [--flash-attn on|off|both] [--end-to-end]
+
+``--end-to-end`` adds the user's view: localrun's engine, greedy, ``--spec ngram`` against ``off`` on a list
+prompt lookup drafts well for, both after the same cached prompt, the reported log-probabilities compared.
 
 Not a test: it prints numbers and asserts nothing.
 """
@@ -135,12 +138,44 @@ def measure(path: str, n_tokens: int, flash_attn: bool | None, n_parallel: int) 
         eng.close()
 
 
+LIST = ("Repeat this list exactly, then continue it: apple, banana, cherry, date, elderberry, fig, grape, "
+        "apple, banana, cherry, date, elderberry, fig, grape, apple, banana, cherry,")
+
+
+def end_to_end(path: str, flash_attn: bool | None, n_tokens: int = 80) -> None:
+    """localrun's own engine, greedy, ``--spec off`` then ``ngram`` on a prompt prompt lookup drafts well for
+    (both after the same cached prompt, so only speculation differs): the reported log-probabilities."""
+    from localrun.backends.base import Message, SamplingParams
+
+    eng = _engine(path, flash_attn, 1)
+    try:
+        runs = {}
+        for mode in ("off", "off", "ngram"):  # the first run only warms the prompt cache
+            eng.set_speculation(mode, draft_max=8)
+            lps, stats = [], None
+            for c in eng.chat([Message(role="user", content=LIST)],
+                              SamplingParams(temperature=0.0, max_tokens=n_tokens, logprobs=1, seed=0)):
+                lps += c.logprobs or []
+                stats = c.stats or stats
+            runs[mode] = (lps, stats)
+        (a, _), (b, st) = runs["off"], runs["ngram"]
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x.token_id != y.token_id), None)
+        n = same if same is not None else min(len(a), len(b))
+        d = [abs(x.logprob - y.logprob) for x, y in zip(a[:n], b[:n])]
+        print(f"  end to end, {os.path.basename(path)} flash_attn={flash_attn}: --spec ngram vs off over {len(a)} "
+              f"greedy tokens ({st.draft_tokens} drafted, {st.accepted_tokens} accepted): max |Δ logprob| "
+              f"{max(d):.4f}" + (f", first other token at {same}" if same is not None else ", same tokens"))
+    finally:
+        eng.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--model", action="append", help="GGUF path (default: SmolLM2 and Gemma-3-270M)")
     ap.add_argument("--flash-attn", choices=["on", "off", "both"], default="both")
     ap.add_argument("--parallel", type=int, default=1, help="sequences in the context (chat: 1, serve: 4)")
+    ap.add_argument("--end-to-end", action="store_true", help="also --spec ngram vs off through localrun's engine")
     args = ap.parse_args()
     models = args.model or [p for p in (_smollm(), _gemma()) if p]
     fas = {"on": [True], "off": [False], "both": [False, True]}[args.flash_attn]
@@ -148,6 +183,8 @@ def main() -> None:
     for path in models:
         for fa in fas:
             measure(path, args.tokens, fa, args.parallel)
+            if args.end_to_end:
+                end_to_end(path, fa)
     print(f"\n(log-probabilities in nats; {math.e:.3f}^Δ is the probability ratio)")
 
 
