@@ -132,3 +132,90 @@ def harmony(header: str, body: str) -> list[Call] | None:
     if not m or got is None or body[got[1]:].strip() or not isinstance(got[0], dict):
         return None
     return [(m.group(1), got[0])]
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def qwen_xml(body: str) -> list[Call] | None:
+    """Qwen3.5/3.6's ``<tool_call>`` body (llama.cpp's "Qwen3-Coder" XML format, as their templates write it):
+    ``<function=NAME>`` then one ``<parameter=KEY>\\nVALUE\\n</parameter>`` per argument, ``</function>``.
+    The templates write a string value as is and anything else as JSON, so a value that reads as JSON other
+    than a string (``3``, ``true``, ``{…}``, ``[…]``, ``null``) is that value, and any other text a string
+    (the text ``"42"`` cannot be told from the number 42 without the tool's schema: it reads as 42)."""
+    m = _XML_FUNCTION.fullmatch(body)
+    if not m or not re.fullmatch(r"[\w.\-]+", m.group(1).strip()):
+        return None
+    inner, args, pos = m.group(2), {}, 0
+    for p in _XML_PARAMETER.finditer(inner):
+        if inner[pos:p.start()].strip():
+            return None  # text between parameters: not the format
+        args[p.group(1).strip()], pos = _xml_value(p.group(2)), p.end()
+    return None if inner[pos:].strip() else [(m.group(1).strip(), args)]
+
+
+def _xml_value(text: str) -> object:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return text if isinstance(value, str) else value
+
+
+_GEMMA_QUOTE = '<|"|>'
+_GEMMA_WORD = re.compile(r"[^,}\]]*")  # a bare value: a number, true/false/null, or unquoted text
+
+
+def gemma4(body: str) -> list[Call] | None:
+    """Gemma 4's ``<|tool_call>`` body: ``call:NAME{key:value,…}`` — keys bare, strings quoted ``<|"|>…<|"|>``,
+    numbers, ``true``/``false``, nested ``{…}`` and ``[…]`` as the template's ``format_argument`` writes them."""
+    m = re.fullmatch(r"\s*call:([\w.\-]+)(\{.*\})\s*", body, re.S)
+    if not m:
+        return None
+    try:
+        value, end = _gemma_value(m.group(2), 0)
+    except (ValueError, IndexError, RecursionError):
+        return None
+    if end != len(m.group(2)) or not isinstance(value, dict):
+        return None
+    return [(m.group(1), value)]
+
+
+def _gemma_value(s: str, i: int) -> tuple[object, int]:
+    """The value at ``s[i:]`` and the index after it (ValueError/IndexError when malformed)."""
+    if s.startswith(_GEMMA_QUOTE, i):
+        j = s.index(_GEMMA_QUOTE, i + len(_GEMMA_QUOTE))
+        return s[i + len(_GEMMA_QUOTE):j], j + len(_GEMMA_QUOTE)
+    if s[i] in "{[":
+        close, out_obj = ("}", {}) if s[i] == "{" else ("]", [])
+        i += 1
+        while s[i] != close:
+            if isinstance(out_obj, dict):
+                if s.startswith(_GEMMA_QUOTE, i):
+                    key, i = _gemma_value(s, i)
+                else:
+                    k = s.index(":", i)
+                    key, i = s[i:k].strip(), k
+                if s[i] != ":" or not key:
+                    raise ValueError("a key without a value")
+                out_obj[key], i = _gemma_value(s, i + 1)
+            else:
+                item, i = _gemma_value(s, i)
+                out_obj.append(item)
+            if s[i] == ",":
+                i += 1
+            elif s[i] != close:
+                raise ValueError("expected a comma")
+        return out_obj, i + 1
+    m = _GEMMA_WORD.match(s, i)
+    word = m.group(0).strip()
+    if not word:
+        raise ValueError("an empty value")
+    consts = {"true": True, "false": False, "null": None, "None": None, "True": True, "False": False}
+    if word in consts:
+        return consts[word], m.end()
+    try:
+        return json.loads(word), m.end()
+    except json.JSONDecodeError:
+        return word, m.end()

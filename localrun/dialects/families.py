@@ -6,9 +6,12 @@ Detection reads the Jinja source only (never the model's name), the way llama.cp
 (``common_chat_templates_apply``) picks a format from marker strings in the template:
 
 - thinking: ``<|channel|>analysis`` (gpt-oss "harmony"), ``[THINK]…[/THINK]`` (Magistral / Ministral
-  reasoning), ``</think>`` (DeepSeek-R1 and its distills, QwQ, Qwen3, DeepSeek-V3.1);
+  reasoning), ``<|channel>thought…<channel|>`` (Gemma 4), ``</think>`` (DeepSeek-R1 and its distills, QwQ,
+  Qwen3, Qwen3.5/3.6, DeepSeek-V3.1);
 - tools: ``to=functions.`` (harmony), ``tool▁calls▁begin`` (DeepSeek), ``[TOOL_CALLS]`` (Mistral),
-  ``<tool_call>`` (Hermes / Qwen), ``<|python_tag|>`` or ``"parameters"`` in a Llama-3 header template (Llama 3.x).
+  ``<|tool_call>call:`` (Gemma 4), ``<tool_call>`` with ``<function=`` (Qwen3.5/3.6's XML calls, llama.cpp's
+  "Qwen3-Coder" format), ``<tool_call>`` (Hermes / Qwen), ``<|python_tag|>`` or ``"parameters"`` in a Llama-3
+  header template (Llama 3.x).
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ class Thinking:
     ``"reasoning_effort"``). ``budget_close``: the text the engine forces when a budget runs out — the close
     marker plus the transition the template writes after a past turn's thinking (Qwen3 ``"\\n</think>\\n\\n"``;
     harmony ``"<|end|><|start|>assistant<|channel|>final<|message|>"``). ``drops_history``: the template
-    drops earlier turns' thinking from the prompt (DeepSeek-R1, Qwen3, gpt-oss).
+    drops earlier turns' thinking from the prompt (DeepSeek-R1, Qwen3, Qwen3.5, Gemma 4, gpt-oss), even with
+    ``keep_kwarg`` passed. ``keep_kwarg``: the template kwarg that keeps every earlier turn's thinking in the
+    prompt (Qwen3.6 ``"preserve_thinking"``); ``template_kwargs`` always passes it as true, so the prompt of
+    one turn stays a prefix of the next.
     """
 
     open: str
@@ -40,13 +46,15 @@ class Thinking:
     level_kwarg: str | None
     budget_close: str
     drops_history: bool
+    keep_kwarg: str | None = None
 
 
 @dataclass(frozen=True)
 class Family:
-    """A template family: ``name`` ("deepseek-r1", "deepseek-v3", "qwen3", "qwq", "gpt-oss", "magistral",
-    "hermes", "llama3", "mistral", "plain"), its ``thinking`` (None: the model does not think), its
-    tool-call syntax ``tools``: "hermes" | "llama3" | "mistral" | "deepseek" | "harmony" | None, and how
+    """A template family: ``name`` ("deepseek-r1", "deepseek-v3", "qwen3", "qwen3.5", "qwq", "gpt-oss",
+    "magistral", "gemma4", "hermes", "llama3", "mistral", "plain"), its ``thinking`` (None: the model does not
+    think), its tool-call syntax ``tools``: "hermes" | "qwen-xml" | "gemma4" | "llama3" | "mistral" |
+    "deepseek" | "harmony" | None, and how
     its template wants past tool calls (``history_args``, ``null_content``). Detection never says
     "generic": the server gives that syntax to a template without one (``dialects.generic``)."""
 
@@ -78,6 +86,8 @@ def _detect(src: str) -> Family:
     tools = _tool_syntax(src)
     if "<|channel|>" in src and "analysis" in src:
         return Family("gpt-oss", _harmony_thinking(src), tools)
+    if "<|channel>" in src and "<channel|>" in src:
+        return Family("gemma4", _gemma4_thinking(src), tools)
     if "[THINK]" in src and "[/THINK]" in src:
         return Family("magistral", Thinking("[THINK]", "[/THINK]", False, None, (), None, "[/THINK]", False),
                       tools)
@@ -90,16 +100,20 @@ def _detect(src: str) -> Family:
 
 def template_kwargs(family: Family, *, think: bool | None, level: str | None) -> dict:
     """Kwargs for the chat template: ``{"enable_thinking": bool}`` where the template has a toggle,
-    ``{"reasoning_effort": level}`` where it takes levels. ``think=None`` means the model's default, which
-    is thinking on (as llama-server passes ``enable_thinking: true`` by default: templates such as
-    DeepSeek-V3.1's default to off). A level the template does not take is ignored (the caller maps it
-    onto a budget); ``think=False`` with levels but no toggle picks the lowest level. Never raises."""
+    ``{"reasoning_effort": level}`` where it takes levels, ``{"preserve_thinking": True}`` where the template
+    can keep earlier turns' thinking (Qwen3.6: the prompt then stays a prefix turn after turn).
+    ``think=None`` means the model's default, which is thinking on (as llama-server passes
+    ``enable_thinking: true`` by default: templates such as DeepSeek-V3.1's default to off). A level the
+    template does not take is ignored (the caller maps it onto a budget); ``think=False`` with levels but no
+    toggle picks the lowest level. Never raises."""
     t = family.thinking
     out: dict = {}
     if t is None:
         return out
     if t.toggle_kwarg:
         out[t.toggle_kwarg] = think is not False
+    if t.keep_kwarg:
+        out[t.keep_kwarg] = True
     if t.level_kwarg and t.levels:
         if think is False and not t.toggle_kwarg:
             out[t.level_kwarg] = t.levels[0]
@@ -117,6 +131,10 @@ def _tool_syntax(src: str) -> str | None:
         return "deepseek"
     if "[TOOL_CALLS]" in src:
         return "mistral"
+    if "<|tool_call>call:" in src:
+        return "gemma4"
+    if "<tool_call>" in src and "<function=" in src:
+        return "qwen-xml"
     if "<tool_call>" in src:
         return "hermes"
     if "<|python_tag|>" in src or ("<|start_header_id|>" in src and '"parameters"' in src):
@@ -154,8 +172,9 @@ def _think_thinking(src: str) -> Thinking:
     opened = "<think>" in re.sub(r"<think>(?:\\n|\s)*</think>", "", tail)
     toggle = "enable_thinking" if "enable_thinking" in src else ("thinking" if re.search(
         r"\bthinking\s+is\s+defined", src) else None)
+    keep = "preserve_thinking" if re.search(r"preserve_thinking\s+is\s+defined", src) else None
     return Thinking("<think>", "</think>", opened, toggle, (), None, _think_budget_close(src),
-                    _drops_history(src))
+                    _drops_history(src) and keep is None, keep)
 
 
 def _think_budget_close(src: str) -> str:
@@ -180,6 +199,8 @@ def _think_family_name(src: str, tools: str | None) -> str:
     if tools == "deepseek":
         # V3.1 writes NAME<｜tool▁sep｜>ARGS; R1 writes TYPE<｜tool▁sep｜>NAME and a fenced JSON block
         return "deepseek-v3" if re.search(r"\['name'\]\s*\+\s*'<｜tool▁sep｜>'", src) else "deepseek-r1"
+    if "<|im_start|>" in src and tools == "qwen-xml":
+        return "qwen3.5"
     if "<|im_start|>" in src:
         return "qwen3" if "enable_thinking is defined" in src else "qwq"
     if "<｜Assistant｜>" in src:
@@ -196,3 +217,13 @@ def _harmony_thinking(src: str) -> Thinking:
     # gpt-oss renders a past turn's analysis only while a tool-call chain is open (no final message yet)
     return Thinking(HARMONY_ANALYSIS, "<|end|>", False, None, levels, level_kwarg,
                     "<|end|>" + HARMONY_FINAL, True)
+
+
+def _gemma4_thinking(src: str) -> Thinking:
+    """Gemma 4: ``enable_thinking`` writes ``<|think|>`` into the system turn and the model opens
+    ``<|channel>thought\\n…<channel|>`` itself (with thinking off the generation prompt writes the empty channel).
+    The template renders a past turn's thinking only on tool-call turns after the last user message
+    (``'<|channel>thought\\n' + thinking + '\\n<channel|>'``) and strips channels from past content."""
+    toggle = "enable_thinking" if "enable_thinking" in src else None
+    close = "\n<channel|>" if "\\n<channel|>" in src else "<channel|>"
+    return Thinking("<|channel>thought", "<channel|>", False, toggle, (), None, close, True)

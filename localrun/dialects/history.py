@@ -24,7 +24,8 @@ def messages_for_template(messages: list[dict], family: Family) -> list[dict]:
       templates get 9-character alphanumeric ids (their templates reject others), mapped the same way in
       the ``tool`` messages that answer them;
     - null content: kept None where the template tests for it (``Family.null_content``), else "";
-    - ``tool`` messages: content as text, ``tool_call_id`` and the called function's ``name`` filled in;
+    - ``tool`` messages: content as text, ``tool_call_id`` and the called function's ``name`` filled in (for
+      Gemma 4, whose template needs a name, the last call's when the id matches none);
     - thinking: removed from assistant turns before the last user message when the template drops it
       (``Thinking.drops_history``); otherwise kept under the key the template reads (``reasoning_content``;
       gpt-oss ``thinking``; Magistral a ``thinking`` content block);
@@ -131,6 +132,8 @@ def _tool(m: dict, family: Family, names: dict[str, str]) -> dict:
         m["tool_call_id"] = _call_id(m.get("tool_call_id"), family)
     if not m.get("name") and m.get("tool_call_id") in names:
         m["name"] = names[m["tool_call_id"]]
+    if not m.get("name") and family.tools == "gemma4":  # its template writes `'response:' + name`: None raises
+        m["name"] = names.get(next(reversed(names), ""), "") or "unknown"  # the last call's name, as a guess
     return m
 
 

@@ -8,7 +8,8 @@ whole once its end is seen (so a malformed call can still come back as content, 
 - thinking: ``<think>…</think>`` (opened by the template, or by the model at the start of its reply),
   ``[THINK]…[/THINK]``, gpt-oss's analysis channel. Leading/trailing whitespace inside the block and the
   whitespace right after it are dropped (the family's transition, e.g. ``"\\n</think>\\n\\n"``).
-- tool calls: Hermes ``<tool_call>{…}</tool_call>``, Llama 3 bare JSON (at the start of the reply) and
+- tool calls: Hermes ``<tool_call>{…}</tool_call>``, Qwen3.5/3.6's ``<tool_call><function=NAME><parameter=K>…``,
+  Gemma 4's ``<|tool_call>call:NAME{…}<tool_call|>``, Llama 3 bare JSON (at the start of the reply) and
   ``<|python_tag|>``, Mistral ``[TOOL_CALLS][…]`` / ``[TOOL_CALLS]name[ARGS]{…}``, DeepSeek's
   ``<｜tool▁call▁begin｜>…<｜tool▁call▁end｜>``, harmony ``to=functions.NAME … <|message|>{…}<|call|>``,
   and the generic format (``generic``: the whole answer is one JSON object, a call or a ``response``).
@@ -61,6 +62,8 @@ ReplyEvent = Delta | ToolCallStart | ToolCallArgs | ToolCallEnd
 # markers of each tool syntax that open a call anywhere in the content
 _CALL_STARTS = {
     "hermes": ("<tool_call>",),
+    "qwen-xml": ("<tool_call>",),
+    "gemma4": ("<|tool_call>",),
     "llama3": ("<|python_tag|>",),
     "mistral": ("[TOOL_CALLS]",),
     "deepseek": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"),
@@ -69,6 +72,8 @@ _CALL_STARTS = {
 # what ends one call's text, per call kind (a kind without an end completes when its JSON does, or at finish)
 _CALL_ENDS = {
     "hermes": ("</tool_call>",),
+    "qwen-xml": ("</tool_call>",),
+    "gemma4": ("<tool_call|>",),
     "deepseek": ("<｜tool▁call▁end｜>",),
     "mistral": ("[TOOL_CALLS]",),
     "llama3_json": (),
@@ -238,7 +243,8 @@ class ReplyParser:
         elif m == "<｜tool▁calls▁begin｜>":
             self._lead, self._ctail, self._mode = "", "", "calls"  # whitespace before the calls: dropped
         else:
-            self._start_call({"<tool_call>": "hermes", "<|python_tag|>": "llama3_py", "[TOOL_CALLS]": "mistral",
+            self._start_call({"<tool_call>": "qwen-xml" if self._tools == "qwen-xml" else "hermes",
+                              "<|tool_call>": "gemma4", "<|python_tag|>": "llama3_py", "[TOOL_CALLS]": "mistral",
                               _DS_CALL: "deepseek"}[m], m)
 
     # --- text --------------------------------------------------------------------------------------
@@ -364,6 +370,10 @@ class ReplyParser:
     def _parse(self, kind: str, body: str) -> list[C.Call] | None:
         if kind == "hermes":
             return C.hermes(body)
+        if kind == "qwen-xml":  # the XML form, or Hermes JSON where the model falls back to it
+            return C.qwen_xml(body) or C.hermes(body)
+        if kind == "gemma4":
+            return C.gemma4(body)
         if kind == "deepseek":
             return C.deepseek(body)
         if kind == "mistral":
