@@ -10,6 +10,7 @@ Syntaxes (as ``localrun.dialects.calls`` parses them; the family names are ``dia
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\\n```json\\n{...}\\n```
   <｜tool▁call▁end｜><｜tool▁calls▁end｜>`` (DeepSeek-R1 / V3)
 * ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``
+* ``qwen-xml`` (Qwen3.5/3.6) and ``gemma4`` (Gemma 4): arguments that are not JSON text, see ``tool_markup``
 * ``generic`` (a template without tool syntax; llama.cpp ``common_chat_params_init_generic``):
   ``{"tool_call": {"name": "f", "arguments": {...}}}`` or, parallel, ``{"tool_calls": [{...}, ...]}``;
   ``generic_constraint`` also offers the plain answer ``{"response": "..."}`` (``tool_choice: auto``)
@@ -23,11 +24,12 @@ from __future__ import annotations
 import json
 
 from localrun.backends.base import Constraint
+from localrun.constrain import tool_markup
 from localrun.constrain.grammar import check, json_options
 from localrun.constrain.thinking import thinking_prefix
 from localrun.errors import ConstraintError
 
-SYNTAXES = ("hermes", "llama3", "mistral", "deepseek", "harmony", "generic")
+SYNTAXES = ("hermes", "llama3", "mistral", "deepseek", "harmony", "qwen-xml", "gemma4", "generic")
 
 
 def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
@@ -49,7 +51,14 @@ def tool_call_constraint(family, tools: list[dict], name: str | None = None, *,
         raise ConstraintError(f"no tool-call grammar for the {syntax!r} syntax (known: {', '.join(SYNTAXES)})",
                               param="tool_choice", hint="use tool_choice 'auto' with this model")
     fns = _functions(tools, name)
-    body = _generic_lark(fns, parallel, required=True) if syntax == "generic" else _lark(syntax, fns, parallel)
+    if syntax == "generic":
+        body = _generic_lark(fns, parallel, required=True)
+    elif syntax == "qwen-xml":
+        body = tool_markup.qwen_xml_lark(fns, parallel, _json)
+    elif syntax == "gemma4":
+        body = tool_markup.gemma4_lark(fns, parallel)
+    else:
+        body = _lark(syntax, fns, parallel)
     thinking = getattr(family, "thinking", None)
     if thinking is not None and thinking.open and thinking.close:
         body = _with_thinking(body, thinking)
