@@ -329,3 +329,67 @@ def test_a_forced_call_is_written_in_the_templates_syntax_and_parses(name):
         ctl.accept(b)
     assert ctl.accepting()
     ctl.close()
+
+
+# --- through a real server: what keeping earlier thinking saves (SmolLM2 speaks ChatML, as Qwen does) ----------
+
+@pytest.fixture(scope="module")
+def qwen_servers(smollm_path, tmp_path_factory):
+    """name → a server of SmolLM2 with that Qwen template, one slot, a thinking budget of 6 tokens (SmolLM2
+    never closes ``<think>`` itself: the engine closes it, then the model answers)."""
+    from dataclasses import replace
+
+    from helpers import ServerThread
+
+    from localrun.backends import load_engine
+    from localrun.config import Settings
+    from localrun.model.gguf_info import read_gguf
+    from localrun.offload.plan import simple_plan
+    from localrun.server.app import create_app
+    from localrun.server.runtime import ServeOptions
+
+    plan = replace(simple_plan(read_gguf(smollm_path), n_ctx=1024, n_parallel=1), n_threads=1, n_threads_batch=1)
+    out = {}
+    for name in (QWEN35, QWEN36):
+        engine = load_engine(smollm_path, plan, chat_template=_src(name))
+        home = tmp_path_factory.mktemp("tmpl2026")
+        app = create_app(engine, Settings(home=home, models_dir=home / "models"),
+                         ServeOptions(plan=plan, reasoning_budget=6))
+        out[name] = (ServerThread(app), engine)
+    yield out
+    for srv, engine in out.values():
+        srv.stop()
+        engine.close()
+
+
+def _chat(url: str, messages: list[dict]) -> dict:
+    import httpx
+
+    r = httpx.post(url + "/v1/chat/completions", timeout=300,
+                   json={"model": "x", "messages": messages, "temperature": 0, "max_tokens": 16})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.model
+def test_keeping_earlier_thinking_keeps_the_cache(qwen_servers):
+    """Turn 2 sends turn 1's reply back with its thinking. Qwen3.6 (preserve_thinking passed) reuses turn 1's
+    whole prompt; Qwen3.5's template drops that thinking, so the cache is cut inside turn 1's prompt (at its
+    assistant header, before the ``<think>`` the generation prompt opened). How far into turn 1's reply the
+    reuse reaches depends on the model: both templates trim the thinking's edges, and SmolLM2 starts its
+    thinking with a newline (a Qwen model trained on the template writes none), so here it stops there."""
+    cached = {}
+    for name, (srv, _) in qwen_servers.items():
+        msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+        r1 = _chat(srv.url, msgs)
+        m = r1["choices"][0]["message"]
+        assert m.get("reasoning_content"), m  # the thinking came back apart
+        msgs += [{"role": "assistant", "content": m["content"], "reasoning_content": m["reasoning_content"]},
+                 {"role": "user", "content": "Another one?"}]
+        r2 = _chat(srv.url, msgs)
+        n1 = r1["usage"]["prompt_tokens"]
+        cached[name] = (r2["usage"]["prompt_tokens_details"]["cached_tokens"], n1)
+    c36, n1_36 = cached[QWEN36]
+    c35, n1_35 = cached[QWEN35]
+    assert n1_36 == n1_35 and c36 >= n1_36  # the same first prompt; all of it reused
+    assert c35 < n1_35  # cut inside turn 1's prompt
