@@ -238,12 +238,13 @@ def test_a_template_that_drops_earlier_thinking_cuts_the_prefix_at_the_first_ear
     assert "I should look it up." in cached and "I should look it up." not in p3
 
 
-def test_gemma4_without_thinking_keeps_the_prefix_but_for_the_empty_channel():
-    """Thinking off: each generation prompt ends with an empty thought channel that history does not repeat,
-    so each turn re-reads only that channel and the reply generated after it."""
-    empty = "<|channel>thought\n<channel|>"
-    (p1, r1), (p2, r2), (p3, _) = _conversation(GEMMA4, think=False)
-    assert p1.endswith("<|turn>model\n" + empty) and p2.endswith("<tool_response|>" + empty)
+@pytest.mark.parametrize("name,empty", [(QWEN35, "<think>\n\n</think>\n\n"), (GEMMA4, "<|channel>thought\n<channel|>")])
+def test_without_thinking_each_turn_rereads_its_reply_after_an_empty_block(name, empty):
+    """Thinking off: Qwen3.5's and Gemma 4's generation prompts end with an empty thinking block that history
+    does not repeat, so each turn re-reads that block's place and the reply generated after it (Qwen3.6 with
+    preserve_thinking repeats it: no cut, test above)."""
+    (p1, r1), (p2, r2), (p3, _) = _conversation(name, think=False)
+    assert p1.endswith(empty) and p2.endswith(empty) and not p2.startswith(p1 + r1)
     assert p2.startswith(p1.removesuffix(empty) + r1) and p3.startswith(p2.removesuffix(empty) + r2)
 
 
