@@ -187,3 +187,35 @@ def test_an_agent_history_renders_with_every_template_and_a_call_can_be_forced(p
     t = st.family.thinking
     if setup.thinking and t is not None and t.opened_by_template:  # DeepSeek-R1: the call comes after the close
         assert forced.source.startswith("start: " + json.dumps(t.budget_close))
+
+
+def test_the_loop_drops_whole_old_turns_when_compaction_is_off():
+    """Without compaction, what does not fit loses its oldest whole turns (a call never parted from its result),
+    the current turn always kept; said in one note."""
+    from localrun.agent.loop import AgentLoop, Note
+    from localrun.agent.step import Call, Stepper
+    from localrun.backends.base import SamplingParams
+    from localrun.chat.session import ChatMessage, ChatSession
+    from localrun.model.chat_template import ChatTemplate
+
+    source = (TEMPLATES[0].parent / "SmolLM2-135M-Instruct.gguf.jinja").read_text()
+
+    class Renderer:  # one token per character: the chat template alone, no model
+        template_source, n_ctx, model_path, backend, supports_tools = source, 1200, "x.gguf", "none", False
+
+        def tokenize_chat(self, messages, *, tools=None, template_kwargs=None, **kw):
+            text = ChatTemplate(source).render(messages, tools=tools, template_kwargs=template_kwargs)
+            return text, list(range(len(text)))
+
+    s = ChatSession(Renderer(), SamplingParams(max_tokens=16), system=None, context_policy="truncate-oldest")
+    call = Call("call_1", "list_folder", {"path": "."})
+    for i in range(3):
+        s.messages += [ChatMessage("user", f"question {i} " + "x" * 150),
+                       ChatMessage("assistant", "", tool_calls=[call.as_history()]),
+                       ChatMessage("tool", "y" * 100, tool_call_id=call.id, name=call.name),
+                       ChatMessage("assistant", "done")]
+    loop = AgentLoop(s, Toolbox([]), None)
+    notes = list(loop._fit(Stepper(s, None)))
+    assert [type(n) for n in notes] == [Note] and "dropped the 8 oldest message(s)" in notes[0].text
+    assert [m.role for m in s.messages] == ["user", "assistant", "tool", "assistant"]
+    assert s.messages[0].content.startswith("question 2")
