@@ -150,7 +150,7 @@ def test_a_schema_llguidance_cannot_enforce_leaves_the_step_unconstrained_but_ch
     assert tb.check("tag", {"word": "xy"}) is None
 
 
-TEMPLATES = sorted((Path(__file__).parent / "data" / "templates").glob("*.jinja"))
+TEMPLATES = sorted((Path(__file__).parent / "data" / "templates").rglob("*.jinja"))
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
@@ -198,7 +198,7 @@ def test_the_loop_drops_whole_old_turns_when_compaction_is_off():
     from localrun.chat.session import ChatMessage, ChatSession
     from localrun.model.chat_template import ChatTemplate
 
-    source = (TEMPLATES[0].parent / "SmolLM2-135M-Instruct.gguf.jinja").read_text()
+    source = (Path(__file__).parent / "data" / "templates" / "SmolLM2-135M-Instruct.gguf.jinja").read_text()
 
     class Renderer:  # one token per character: the chat template alone, no model
         template_source, n_ctx, model_path, backend, supports_tools = source, 1200, "x.gguf", "none", False
