@@ -34,7 +34,8 @@ BACKENDS = ("llamacpp", "mlx")
 CHOICE_MODULES = ("localrun.backends.choice", "localrun.backends.mlx.gguf")
 LLAMACPP_MODULES = ("localrun.backends.llamacpp.engine", "localrun.backends.llamacpp.embed",
                     "localrun.backends.llamacpp.spec", "localrun.backends.draft_vocab",
-                    "localrun.backends.llamacpp.sampling", "localrun.backends.kv_cache", "localrun.backends.kv_files")
+                    "localrun.backends.llamacpp.sampling", "localrun.backends.kv_cache", "localrun.backends.kv_files",
+                    "localrun.backends.llamacpp.checkpoints")
 
 
 def load_engine(model_path: str | Path, plan, **kwargs) -> Engine:

@@ -19,7 +19,8 @@ log = logging.getLogger("localrun.server")
 # imported lazily by a model's first request: plan_load / load_planned (the planner, the backend choice, the
 # GGUF reader, templates, speculation), the KV-cache tiers, then the first generation (sampler, constraints)
 LOAD_PATH_MODULES = ("localrun.loading", "localrun.backends", "localrun.backends.choice",
-                     "localrun.model.gguf_info", "localrun.model.chat_template", "localrun.machine.measurements",
+                     "localrun.model.gguf_info", "localrun.model.layers", "localrun.model.chat_template",
+                     "localrun.machine.measurements",
                      "localrun.offload.plan", "localrun.offload.search", "localrun.offload.devices",
                      "localrun.offload.memory", "localrun.offload.speed", "localrun.store.resolve",
                      "localrun.backends.spec_decode", "localrun.offload.kv_tiers", "localrun.constrain",
