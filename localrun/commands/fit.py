@@ -317,6 +317,18 @@ def _tiers_line(t) -> str:
             f"({t.disk_kind}, {t.disk_read_gbps:g} GB/s){prefill}")
 
 
+def _checkpoints_line(t) -> str:
+    """One line on a hybrid's context checkpoints (``offload.kv_tiers.checkpoint_budget``): how many of which
+    size, their RAM at most, and the RAM serve holds with the model and the RAM tier."""
+    from localrun.machine.hardware import fmt_bytes
+    from localrun.offload.kv_tiers import CHECKPOINTS_MAX_BYTES, CHECKPOINTS_PER_SLOT
+
+    return (f"  context checkpoints: up to {t.checkpoints_max} × {fmt_bytes(t.checkpoint_bytes)} (a sequence's "
+            f"recurrent state; {CHECKPOINTS_PER_SLOT} per sequence, ≤ {fmt_bytes(CHECKPOINTS_MAX_BYTES)}) = RAM "
+            f"{fmt_bytes(t.checkpoints_ram_bytes)} · RAM in all ≤ {fmt_bytes(t.ram_total_bytes)} (model + RAM "
+            "tier + checkpoints)")
+
+
 def _render(title, hw, chosen, plans, tier_args=None) -> None:
     from rich.table import Table
 
@@ -341,7 +353,10 @@ def _render(title, hw, chosen, plans, tier_args=None) -> None:
                   f"prefill ≈ {p.prefill_tok_s:.0f} tok/s", highlight=False)
         for r in p.reasons:
             con.print(f"  • {r}", highlight=False)
-        con.print(_tiers_line(kv_tiers_for(p, hw, **(tier_args or {}))), highlight=False)
+        tiers = kv_tiers_for(p, hw, **(tier_args or {}))
+        con.print(_tiers_line(tiers), highlight=False)
+        if tiers.checkpoints_max:
+            con.print(_checkpoints_line(tiers), highlight=False)
         if len(hw.gpus) > 1 and p.devices:
             con.print(_devices_table(p))
     t = Table(title="alternatives", header_style="bold")

@@ -3,9 +3,18 @@ how long a snapshot takes to restore from each tier. Pure: no I/O, no backend im
 ``backends/kv_cache.py`` keeps the tiers at run time).
 
 A snapshot is one sequence's KV as ``llama_state_seq_get_data`` copies it (src/llama-kv-cache.cpp
-state_write: the K and V rows of the sequence's cells, per layer). The typical one ``fit`` prices is a full
-context: ≈ the plan's KV-cache bytes ÷ n_parallel (an upper bound for sliding-window layers, whose cache
-holds ``n_swa + n_ubatch`` cells, of which a snapshot copies the sequence's window).
+state_write: the K and V rows of the sequence's cells, per layer; a model with recurrent layers adds the
+sequence's R/S state rows, src/llama-memory-recurrent.cpp state_write, through src/llama-memory-hybrid.cpp).
+The typical one ``fit`` prices is a full context: ≈ (the plan's attention KV bytes + its recurrent-state bytes)
+÷ n_parallel (an upper bound for sliding-window layers, whose cache holds ``n_swa + n_ubatch`` cells, of which
+a snapshot copies the sequence's window).
+
+Context checkpoints (``backends/llamacpp/checkpoints.py``, a model with recurrent layers only) are host RAM
+outside the tiers: one is one sequence's recurrent state (``llama_state_seq_get_data_ext`` with
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``; a hybrid-iSWA model's sliding-window cells too, not counted here), and
+the engine keeps at most ``CHECKPOINTS_PER_SLOT`` per sequence slot and ``CHECKPOINTS_MAX_BYTES`` in all. A
+snapshot in a tier also carries its slot's checkpoints (up to ``CHECKPOINTS_PER_SLOT``), which are not in
+``snapshot_bytes``.
 
 Restore time (bytes ÷ rate, GB/s = 10^9 B/s):
   from RAM  = bytes ÷ ``RESTORE_COPY_GBPS`` (``llama_state_seq_set_data`` parses the payload layer by layer
@@ -31,6 +40,10 @@ RAM_SHARE = 0.25  # of the RAM the plan leaves free
 RESTORE_COPY_GBPS = 2.0
 HASH_GBPS = 0.5
 READ_EFFICIENCY = 0.8  # one large sequential read reaches most of the peak (mmap page faults: speed.py's 0.5)
+# the engine's bounds on context checkpoints: backends/llamacpp/checkpoints.py MAX_PER_SLOT and MAX_BYTES (the
+# planner imports no backend; tests/test_fit_checkpoints.py holds the two equal)
+CHECKPOINTS_PER_SLOT = 16
+CHECKPOINTS_MAX_BYTES = 1 * GIB
 
 
 @dataclass
@@ -38,7 +51,7 @@ class KvTierPlan:
     """What `fit` says about the KV tiers. Bytes, seconds, GB/s."""
 
     snapshot_tokens: int  # the typical snapshot: a full context, tokens
-    snapshot_bytes: int  # its KV payload, bytes
+    snapshot_bytes: int  # its payload (attention KV + recurrent state), bytes
     ram_bytes: int  # the RAM tier's budget (serve --cache-ram; 0 = off)
     ram_source: str  # "default (…)" or "--cache-ram"
     disk_dir: str | None  # serve --cache-dir; None = no disk tier
@@ -49,6 +62,11 @@ class KvTierPlan:
     restore_ram_s: float  # the typical snapshot from the RAM tier
     restore_disk_s: float  # … from the disk tier
     prefill_s: float  # … against prefilling its tokens (the plan's prefill speed); 0 when unknown
+    # context checkpoints (recurrent layers; all 0 without them) and the RAM serve may hold in all
+    checkpoint_bytes: int = 0  # one checkpoint: one sequence's recurrent state (in each snapshot too)
+    checkpoints_max: int = 0  # checkpoints the engine may hold at most (all slots)
+    checkpoints_ram_bytes: int = 0  # their host RAM at most
+    ram_total_bytes: int = 0  # the plan's RAM + checkpoints_ram_bytes + ram_bytes (the RAM tier)
 
     @property
     def snapshots_in_ram(self) -> int:
@@ -73,10 +91,24 @@ def default_cache_ram_bytes(ram_available_bytes: int, plan_ram_bytes: int = 0) -
     return min(RAM_CAP_BYTES, int(left * RAM_SHARE)) >> 20 << 20
 
 
-def snapshot_bytes(kv_cache_bytes: int, n_parallel: int = 1) -> int:
-    """One sequence's full-context KV: the plan's KV-cache bytes ÷ ``n_parallel`` (each sequence its own
-    stream, src/llama-kv-cache.cpp n_stream). Bytes."""
-    return int(kv_cache_bytes) // max(1, int(n_parallel))
+def snapshot_bytes(kv_cache_bytes: int, n_parallel: int = 1, recurrent_bytes: int = 0) -> int:
+    """One sequence's full-context state: (the plan's attention KV-cache bytes + its recurrent-state bytes)
+    ÷ ``n_parallel`` (each sequence its own KV stream, src/llama-kv-cache.cpp n_stream, and its own R/S rows,
+    src/llama-memory-recurrent.cpp). Bytes."""
+    return (int(kv_cache_bytes) + int(recurrent_bytes)) // max(1, int(n_parallel))
+
+
+def checkpoint_budget(recurrent_bytes: int, n_parallel: int = 1) -> tuple[int, int, int]:
+    """The context checkpoints a plan's engine may hold in RAM → (bytes of one, how many at most, their bytes
+    at most): one is one sequence's recurrent state (``recurrent_bytes`` ÷ ``n_parallel``, the plan's R/S
+    bytes of all sequences), at most ``CHECKPOINTS_PER_SLOT`` per slot and ``CHECKPOINTS_MAX_BYTES`` in all
+    (backends/llamacpp/checkpoints.py ``_keep_budget``; a checkpoint bigger than that is not saved).
+    (0, 0, 0) without recurrent layers."""
+    one = int(recurrent_bytes) // max(1, int(n_parallel))
+    if one <= 0 or one > CHECKPOINTS_MAX_BYTES:
+        return max(0, one), 0, 0
+    n = min(CHECKPOINTS_PER_SLOT * max(1, int(n_parallel)), CHECKPOINTS_MAX_BYTES // one)
+    return one, n, n * one
 
 
 def restore_seconds(nbytes: int, *, disk_read_gbps: float | None = None) -> float:
@@ -100,9 +132,12 @@ def plan_kv_tiers(plan, ram_available_bytes: int, *, disk_kind: str | None = Non
 
     ``cache_ram_bytes`` None: the default (``default_cache_ram_bytes`` of the RAM the plan leaves);
     ``cache_dir`` None: no disk tier (its budget 0); ``disk_kind``: the kind of the disk holding
-    ``cache_dir`` (or the model disk's); ``measured_disk_read_gbps`` replaces the table's rate. Raises
-    nothing."""
-    snap = snapshot_bytes(plan.kv_cache_bytes, plan.n_parallel)
+    ``cache_dir`` (or the model disk's); ``measured_disk_read_gbps`` replaces the table's rate. The context
+    checkpoints (``checkpoint_budget``) count in ``ram_total_bytes``, not in the RAM tier's default (serve sizes
+    that once the model is loaded, before any checkpoint exists). Raises nothing."""
+    recurrent = int(getattr(plan, "recurrent_bytes", 0) or 0)
+    snap = snapshot_bytes(plan.kv_cache_bytes, plan.n_parallel, recurrent)
+    one_cp, n_cp, cp_bytes = checkpoint_budget(recurrent, plan.n_parallel)
     if cache_ram_bytes is None:
         ram = default_cache_ram_bytes(ram_available_bytes, plan.ram_bytes)
         ram_source = f"default ({RAM_SHARE:g} of the RAM the plan leaves, at most {RAM_CAP_BYTES >> 30} GiB)"
@@ -121,4 +156,6 @@ def plan_kv_tiers(plan, ram_available_bytes: int, *, disk_kind: str | None = Non
         disk_bytes=max(0, int(cache_disk_bytes)) if cache_dir is not None else 0,
         disk_kind=kind, disk_read_gbps=round(rate, 3), disk_read_source=rate_source,
         restore_ram_s=restore_seconds(snap), restore_disk_s=restore_seconds(snap, disk_read_gbps=rate),
-        prefill_s=plan.n_ctx / prefill_tok_s if prefill_tok_s > 0 else 0.0)
+        prefill_s=plan.n_ctx / prefill_tok_s if prefill_tok_s > 0 else 0.0,
+        checkpoint_bytes=one_cp, checkpoints_max=n_cp, checkpoints_ram_bytes=cp_bytes,
+        ram_total_bytes=int(plan.ram_bytes) + cp_bytes + ram)

@@ -18,7 +18,11 @@ steps and the KV layout (``backends/llamacpp/ubatch.py``, read at scrape time fr
 ``step_totals`` since it loaded): decode and prefill steps and their ubatches (passes over the weights;
 one per decode step is the goal, docs/architecture.md §1), sequences moved to keep the running ids
 consecutive, whether the KV cache is one unified pool or one stream per sequence, and the tokens a
-sequence may grow to.
+sequence may grow to;
+context checkpoints of a model with recurrent layers (``backends/llamacpp/checkpoints.py``, read at scrape
+time from ``engine.checkpoints.stats`` since it loaded; a model without recurrent layers has none): saves,
+restores and the prompt tokens they kept, whole prefills (a cut no checkpoint could serve; the log says why at
+INFO), evictions, checkpoints and bytes held now.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class ServerMetrics:
         self.spec_engines: dict[str, object] = {}  # model → engine with ``.speculation`` (watch_speculation)
         r.register(_SpecCollector(self.spec_engines))
         r.register(_StepCollector(self.spec_engines))  # the same engines: their step_totals and KV layout
+        r.register(_CheckpointCollector(self.spec_engines))  # … and their context checkpoints (hybrids)
 
     def for_model(self, model: str, n_parallel: int, kv_cells_total: int) -> "ModelMetrics":
         """The view one model's scheduler updates (its gauges start at 0)."""
@@ -129,8 +134,9 @@ class ModelMetrics:
 
     def watch_speculation(self, engine) -> None:
         """Report ``engine``'s speculative decoding totals (``engine.speculation.totals()``, read at scrape
-        time; nothing while ``engine.speculation`` is None or absent) as this model's series, and its step
-        totals and KV layout (``engine.step_totals``; nothing for an engine without them)."""
+        time; nothing while ``engine.speculation`` is None or absent) as this model's series, its step
+        totals and KV layout (``engine.step_totals``; nothing for an engine without them), and its context
+        checkpoints (``engine.checkpoints.stats``; nothing while ``engine.checkpoints`` is None or absent)."""
         self.parent.spec_engines[self.model] = engine
 
     def drop_gauges(self) -> None:
@@ -267,3 +273,46 @@ class _StepCollector:
             unified.add_metric([model], 1.0 if getattr(engine, "kv_unified", False) else 0.0)
             seq_max.add_metric([model], float(getattr(engine, "n_ctx", 0)))
         return [*fams.values(), unified, seq_max]
+
+
+class _CheckpointCollector:
+    """Each model's context-checkpoint series, read from ``engine.checkpoints.stats``
+    (``backends/llamacpp/checkpoints.py`` ``CheckpointStats``, since the model loaded) when /metrics is scraped:
+    counters ``localrun_checkpoint_saves_total``, ``localrun_checkpoint_restores_total`` (cuts served by a
+    checkpoint), ``localrun_checkpoint_restored_tokens_total`` (prompt tokens those restores kept),
+    ``localrun_checkpoint_full_prefills_total`` (cuts no checkpoint served: the prompt was prefilled whole; the
+    log says why at INFO), ``localrun_checkpoint_evictions_total``; gauges ``localrun_checkpoints_held`` and
+    ``localrun_checkpoint_bytes`` (host RAM they hold now). A model without recurrent layers has none."""
+
+    COUNTERS = (("saves", "Context checkpoints saved (a recurrent sequence's state at a prompt position)"),
+                ("restores", "Prompt cuts served by restoring a context checkpoint"),
+                ("restored_tokens", "Prompt tokens kept by those restores (not prefilled again)"),
+                ("full_prefills", "Prompt cuts no context checkpoint served: the prompt was prefilled whole (the "
+                                  "log says why)"),
+                ("evictions", "Context checkpoints dropped to stay within the per-slot count or the byte budget"))
+
+    def __init__(self, engines: dict) -> None:
+        self.engines = engines
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        fams = {key: CounterMetricFamily(f"localrun_checkpoint_{key}", doc, labels=["model"])
+                for key, doc in self.COUNTERS}
+        held = GaugeMetricFamily("localrun_checkpoints_held", "Context checkpoints held now (all slots)",
+                                 labels=["model"])
+        size = GaugeMetricFamily("localrun_checkpoint_bytes", "Host RAM the context checkpoints hold now, bytes",
+                                 labels=["model"])
+        for model, engine in list(self.engines.items()):
+            cps = getattr(engine, "checkpoints", None)
+            if cps is None:
+                continue
+            st = cps.stats
+            for key, fam in fams.items():
+                fam.add_metric([model], getattr(st, key))
+            held.add_metric([model], st.held)
+            size.add_metric([model], st.held_bytes)
+        return [*fams.values(), held, size]
