@@ -78,6 +78,8 @@ def test_metrics_export_the_checkpoint_counters_and_sizes_match_the_plan(tmp_pat
     assert m("localrun_checkpoint_restores_total") == st.restores == 1
     assert m("localrun_checkpoint_restored_tokens_total") == st.restored_tokens == kept
     assert m("localrun_checkpoint_full_prefills_total") == st.full_prefills == 1
+    assert metric_value(text, "localrun_checkpoint_full_prefills_total", model=model, reason="no_checkpoint") == 1
+    assert metric_value(text, "localrun_checkpoint_full_prefills_total", model=model, reason="restore_failed") == 0
     assert m("localrun_checkpoint_saves_total") == st.saves >= 3  # each prompt's end at least
     assert m("localrun_checkpoint_evictions_total") == st.evictions
     assert m("localrun_checkpoints_held") == st.held >= 1

@@ -21,8 +21,8 @@ consecutive, whether the KV cache is one unified pool or one stream per sequence
 sequence may grow to;
 context checkpoints of a model with recurrent layers (``backends/llamacpp/checkpoints.py``, read at scrape
 time from ``engine.checkpoints.stats`` since it loaded; a model without recurrent layers has none): saves,
-restores and the prompt tokens they kept, whole prefills (a cut no checkpoint could serve; the log says why at
-INFO), evictions, checkpoints and bytes held now.
+restores and the prompt tokens they kept, whole prefills by reason (no checkpoint at or before the cut, or
+llama.cpp refused it), evictions, checkpoints and bytes held now.
 """
 
 from __future__ import annotations
@@ -280,15 +280,14 @@ class _CheckpointCollector:
     (``backends/llamacpp/checkpoints.py`` ``CheckpointStats``, since the model loaded) when /metrics is scraped:
     counters ``localrun_checkpoint_saves_total``, ``localrun_checkpoint_restores_total`` (cuts served by a
     checkpoint), ``localrun_checkpoint_restored_tokens_total`` (prompt tokens those restores kept),
-    ``localrun_checkpoint_full_prefills_total`` (cuts no checkpoint served: the prompt was prefilled whole; the
-    log says why at INFO), ``localrun_checkpoint_evictions_total``; gauges ``localrun_checkpoints_held`` and
-    ``localrun_checkpoint_bytes`` (host RAM they hold now). A model without recurrent layers has none."""
+    ``localrun_checkpoint_full_prefills_total`` (cuts no checkpoint served: the prompt was prefilled whole; label
+    ``reason``: ``no_checkpoint``, ``restore_failed``), ``localrun_checkpoint_evictions_total``; gauges
+    ``localrun_checkpoints_held`` and ``localrun_checkpoint_bytes`` (host RAM they hold now). A model without
+    recurrent layers has none."""
 
     COUNTERS = (("saves", "Context checkpoints saved (a recurrent sequence's state at a prompt position)"),
                 ("restores", "Prompt cuts served by restoring a context checkpoint"),
                 ("restored_tokens", "Prompt tokens kept by those restores (not prefilled again)"),
-                ("full_prefills", "Prompt cuts no context checkpoint served: the prompt was prefilled whole (the "
-                                  "log says why)"),
                 ("evictions", "Context checkpoints dropped to stay within the per-slot count or the byte budget"))
 
     def __init__(self, engines: dict) -> None:
@@ -302,6 +301,9 @@ class _CheckpointCollector:
 
         fams = {key: CounterMetricFamily(f"localrun_checkpoint_{key}", doc, labels=["model"])
                 for key, doc in self.COUNTERS}
+        whole = CounterMetricFamily("localrun_checkpoint_full_prefills", "Prompt cuts no context checkpoint served "
+                                    "(the prompt was prefilled whole), by reason: no_checkpoint (none at or before "
+                                    "the cut), restore_failed (llama.cpp refused it)", labels=["model", "reason"])
         held = GaugeMetricFamily("localrun_checkpoints_held", "Context checkpoints held now (all slots)",
                                  labels=["model"])
         size = GaugeMetricFamily("localrun_checkpoint_bytes", "Host RAM the context checkpoints hold now, bytes",
@@ -313,6 +315,8 @@ class _CheckpointCollector:
             st = cps.stats
             for key, fam in fams.items():
                 fam.add_metric([model], getattr(st, key))
+            for reason, n in st.full_prefill_reasons.items():
+                whole.add_metric([model, reason], n)
             held.add_metric([model], st.held)
             size.add_metric([model], st.held_bytes)
-        return [*fams.values(), held, size]
+        return [*fams.values(), whole, held, size]

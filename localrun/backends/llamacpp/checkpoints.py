@@ -44,7 +44,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from localrun.backends.kv_files import tokens_sha256
@@ -60,13 +60,16 @@ TAILS = (4, 1)  # checkpoints these many tokens before each prompt's end (4: lla
 MAX_NOTED = 64  # prompts whose last user message's start is remembered (by their tokens' SHA-256)
 MAX_PER_SLOT = 16  # checkpoints per slot at most (llama-server keeps 32 by default)
 MAX_BYTES = 1 << 30  # host RAM for all slots' checkpoints at most
+# why a cut prefilled the prompt whole: no checkpoint at or before the cut, or llama.cpp refused the one there
+FULL_PREFILL_REASONS = ("no_checkpoint", "restore_failed")
 
 
 @dataclass
 class CheckpointStats:
     """Counters since the engine loaded: ``saves``, ``restores`` (a cut served by a checkpoint),
     ``restored_tokens`` (prompt tokens those restores kept), ``full_prefills`` (a cut no checkpoint could
-    serve: the prompt was prefilled whole), ``evictions``, ``held`` / ``held_bytes`` now."""
+    serve: the prompt was prefilled whole) and ``full_prefill_reasons`` (why → how many of them: one of
+    ``FULL_PREFILL_REASONS``), ``evictions``, ``held`` / ``held_bytes`` now."""
 
     saves: int = 0
     restores: int = 0
@@ -75,6 +78,7 @@ class CheckpointStats:
     evictions: int = 0
     held: int = 0
     held_bytes: int = 0
+    full_prefill_reasons: dict = field(default_factory=lambda: dict.fromkeys(FULL_PREFILL_REASONS, 0))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,6 +208,8 @@ class Checkpoints:
         log.info("recurrent state cannot be cut at %d of %d; %s: prefilling all %d prompt tokens", n_keep,
                  len(slot.tokens), why, n_prompt)
         self.stats.full_prefills += 1
+        reason = FULL_PREFILL_REASONS[cp is not None]
+        self.stats.full_prefill_reasons[reason] += 1
         C.llama_memory_seq_rm(eng.mem, slot.seq_id, 0, -1)
         slot.checkpoints.clear()
         self._count()
