@@ -50,6 +50,8 @@ def test_encrypted_reasoning_round_trips():
 
 @pytest.mark.parametrize("item, param", [
     ({"type": "banana"}, "input[0].type"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}, "input[0].arguments"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": '"Paris"'}, "input[0].arguments"),
     ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),  # no call to answer
     ({"text": "no type"}, "input[0].type"),
     ({"type": "function_call_output", "call_id": "nope", "output": "x"}, "input[0].call_id"),

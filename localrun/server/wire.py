@@ -175,7 +175,7 @@ def message_dict(m, index: int = 0) -> dict:
     return d
 
 
-def check_tool_call_arguments(calls: list, index: int) -> None:
+def check_tool_call_arguments(calls: list, index: int, param: str | None = None) -> None:
     """The ``arguments`` of an earlier turn's tool calls (message ``index``) must be a JSON object: an
     object (Ollama), a string holding one (OpenAI), or empty ("" or absent: a call without arguments, as a
     template writes ``{}``). Anything else (``"{"``, trailing text, ``"Paris"``, ``"[1]"``) is a
@@ -193,7 +193,7 @@ def check_tool_call_arguments(calls: list, index: int) -> None:
         args = fn.get("arguments")
         if args is None or args == "" or isinstance(args, dict):
             continue
-        where = f"messages[{index}].tool_calls[{j}].function.arguments"
+        where = param or f"messages[{index}].tool_calls[{j}].function.arguments"  # param: another wing's name
         hint = ("send the call's arguments as a JSON object (OpenAI: a string such as '{\"city\": \"Paris\"}'; "
                 "'{}' for none), or leave the malformed call out of the history")
         if isinstance(args, str):

@@ -76,6 +76,11 @@ def check_items(items: list[dict], known_calls: dict[str, str], param: str = "in
                 item["call_id"] = item["id"] if isinstance(item.get("id"), str) and item["id"] else new_id("call")
             _need_str(item, "name", where)
             _need_str(item, "arguments" if kind == "function_call" else "input", where)
+            if kind == "function_call":  # as on chat completions: the template can only write an object
+                from localrun.server.wire import check_tool_call_arguments
+
+                check_tool_call_arguments([{"function": {"arguments": item["arguments"]}}], i,
+                                          param=f"{where}.arguments")
             known_calls[item["call_id"]] = item["name"]
             unanswered.append(item["call_id"])
             item.setdefault("id", new_id("fc" if kind == "function_call" else "ctc"))
