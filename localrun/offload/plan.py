@@ -239,11 +239,11 @@ def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16",
     bytes_tier = {"gpu": rd["gpu"] + kv_read_gpu, "cpu": rd["cpu"] * (1 - frac_disk) + kv_read - kv_read_gpu,
                   "disk": rd["cpu"] * frac_disk}
     params_tier = {"gpu": S.prefill_params(rd, "gpu"),
-                   "cpu": S.prefill_params(rd, "cpu") / S.cpu_prefill_factor(tiers["cpu"], spec.file_type)}
+                   "cpu": S.prefill_params(rd, "cpu") / S.cpu_prefill_factor(tiers["cpu"], spec.file_type, spec)}
     if devices:
         D.split_speed_inputs(spec, devices, gpu_list, n_cpu_moe, kv_read_gpu, kv_gpu, bytes_tier, params_tier, tiers)
     cpu_extra = S.cpu_decode_overhead_s(tiers["cpu"], n_layer - len(gpu_set), rd["cpu_params"],
-                                        rd["cpu"] * (1 - frac_disk), spec.file_type)
+                                        rd["cpu"] * (1 - frac_disk), spec.file_type, spec)
     decode = S.decode_tok_s(bytes_tier, tiers, cpu_extra)
     prefill = S.prefill_tok_s(params_tier, tiers)
     used = [gpu_list[d.index] for d in devices if d.n_slots] if devices else gpu_list[:1]

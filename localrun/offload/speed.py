@@ -1,8 +1,8 @@
 """Speed model: decode and prefill throughput from bytes per tier, bandwidths and compute.
 
 decode s/token = Σ_tiers (bytes read per token on the tier / effective bandwidth of the tier)
-                 + the CPU's fixed costs (``cpu_decode_overhead_s``: per layer, and a compute floor for
-                 8- and 16-bit weights), when the CPU tier comes from the table
+                 + the CPU's fixed costs (``cpu_decode_overhead_s``: per layer tensor, and a compute floor for
+                 the weight types llama.cpp does not repack), when the CPU tier comes from the table
     bytes read per token = the weights active per token (all dense weights; only n_expert_used/n_expert of
     the expert tensors) + the KV cache read for the context in use;
 prefill tok/s = effective FLOP/s / (2 × active params) (the standard 2·N FLOPs per token, Kaplan et al.
@@ -11,15 +11,17 @@ prefill tok/s = effective FLOP/s / (2 × active params) (the standard 2·N FLOPs
 
 Bandwidths are GB/s (10^9 B/s) peak figures from vendor specs; ``EFFICIENCY`` turns peak into what
 llama.cpp reaches (≈ 0.7 GPU, 0.55 CPU DRAM). The CPU's per-core figures (``CPU_GBPS_PER_CORE``,
-``CPU_GFLOPS_PER_CORE``, ``CPU_LAYER_CORE_S``, ``CPU_WIDE_GWEIGHTS_PER_CORE``) are rates llama.cpp reaches,
-measured by ``benches/fit_speed.py`` (random-weight Llama 1B/3B/8B quantized by llama.cpp, 2-core Xeon with
-AVX-512, 2026-12-02; docs/benchmarks.md "fit's speeds"). A ``localrun hw --measure`` / ``bench --calibrate``
+``CPU_GFLOPS_PER_CORE``, ``CPU_TENSOR_S``, ``CPU_*_GWEIGHTS_PER_CORE``, the prefill factors) are rates llama.cpp
+reaches, measured by ``benches/fit_speed.py`` (SmolLM2-135M, Gemma-3-270M, random-weight LFM2-350M, Qwen3.5-0.8B-
+sized and Qwen2-7B layouts, 1 and 2 threads, 2-core Xeon with AVX-512, 2026-12-05; the Q8_0 rates from its earlier
+Llama 1B/3B/8B run, 2026-12-02; docs/fit.md "Speed model"). A ``localrun hw --measure`` / ``bench --calibrate``
 entry in measurements.json (``llamacpp/cpu`` …) replaces the table value, and the plan says so; a measured
 tier's effective bandwidth already folds the fixed costs in.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # name substring (lowercase) → (memory bandwidth GB/s, dense FP16 TFLOP/s). Longest match wins.
@@ -49,24 +51,39 @@ MEMORY_TABLE = {"ddr4": 51.2, "ddr5": 89.6, "lpddr5": 100.0}  # dual channel, pe
 DISK_TABLE = {"nvme": 3.5, "nvme4": 7.0, "nvme5": 12.0, "ssd": 0.55, "hdd": 0.15, "unknown": 0.55}
 EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35}
 # One core's rate of reading quantized weights in decode, GB/s, as llama.cpp reaches it (not a peak: few
-# cores cannot saturate DRAM). Measured: Q4_K_M 1B/3B/8B decode on 2 cores fit bytes / 19.0 GB/s + the
-# per-layer cost below within 1% (benches/fit_speed.py)
-CPU_GBPS_PER_CORE = 9.5
+# cores cannot saturate DRAM). Fitted with the constants below on SmolLM2-135M, Gemma-3-270M and random-weight
+# LFM2-350M, Qwen3.5-0.8B-sized and Qwen2-7B layouts at 1 and 2 threads (benches/fit_speed.py, 2026-12-05)
+CPU_GBPS_PER_CORE = 8.75
 # One core's quantized-matmul throughput in prefill, GFLOP/s reached (llama.cpp multiplies int8 activations
-# against the quantized weights: AVX2 maddubs / AVX-512 VNNI / NEON sdot). AVX-512: 1B/3B/8B Q4_K_M prefill
-# on 2 cores = 248-260 GFLOP/s (benches/fit_speed.py); AVX2: llama-bench pp512 of 7B Q4_K_M ≈ 40-60 tok/s
-# on a 6-8 core desktop ≈ 100 per core
-CPU_GFLOPS_PER_CORE = {"AVX512F": 125.0, "AVX2": 100.0, "NEON": 60.0, "": 15.0}
-# 8- and 16-bit weights are not repacked into llama.cpp's interleaved CPU layouts (ggml-cpu/repack.cpp
-# covers Q4_0, Q4_K, IQ4_NL): prefill reaches 0.59 of the K-quant rate (Q8_0 1B/3B: 143-150 GFLOP/s on 2
-# cores), and decode is bound by compute at 6.8 G weights/s per core (Q8_0 1B/3B) before bandwidth
+# against the quantized weights: AVX2 maddubs / AVX-512 VNNI / NEON sdot). AVX-512: the repacked (Q4_K) rate
+# fitted on the 135M-7B rows with the factors below (benches/fit_speed.py); AVX2: llama-bench pp512 of 7B
+# Q4_K_M ≈ 40-60 tok/s on a 6-8 core desktop ≈ 100 per core
+CPU_GFLOPS_PER_CORE = {"AVX512F": 160.0, "AVX2": 100.0, "NEON": 60.0, "": 15.0}
+# Weight types llama.cpp repacks into interleaved rows for the CPU (ggml-cpu/repack.cpp: Q4_0, Q4_K, IQ4_NL on
+# AVX2/AVX-512/NEON): their decode is bound by reading them (``CPU_GBPS_PER_CORE``). Every other type is multiplied
+# block by block (ggml-cpu/quants.c ``ggml_vec_dot_*``: unpack the bits, then int8 dot products) and is bound by
+# that compute before bandwidth: ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` G weights/s per core for the legacy and other
+# K-quants (Q4_1/Q5_0/Q5_K/Q6_K…, measured on SmolLM2-135M Q4_1, Gemma-3-270M's Q5_0, the Q6_K tensors of the
+# Q4_K_M files: benches/fit_speed.py), ``CPU_WIDE_GWEIGHTS_PER_CORE`` for 8- and 16-bit weights (Q8_0 1B/3B).
+REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 WIDE_TYPES = ("Q8_0", "F16", "BF16", "F32")
-CPU_WIDE_PREFILL_FACTOR = 0.59
+CPU_UNPACKED_GWEIGHTS_PER_CORE = 14.0
 CPU_WIDE_GWEIGHTS_PER_CORE = 6.8
-# Per layer and decoded token, core-seconds that do not scale with the weights (ggml's thread barriers
-# between a layer's graph nodes, norms, RoPE, the attention of a short context): 1.37 ms per layer on 2
-# cores (the 1B/3B/8B fit above)
-CPU_LAYER_CORE_S = 2.74e-3
+# Prefill: weights not repacked reach this share of the repacked GFLOP/s, per type (Q8_0 1B/3B: 143-150 GFLOP/s on
+# 2 cores against 248-260; Q4_1: SmolLM2-135M; Q5_0: Gemma-3-270M; other types, e.g. the Q6_K tensors of Q4_K_M
+# files: ``CPU_UNPACKED_PREFILL_FACTOR``)
+CPU_WIDE_PREFILL_FACTOR = 0.59
+CPU_UNPACKED_PREFILL_FACTOR = 0.35
+CPU_PREFILL_FACTOR_BY_TYPE = {"Q4_1": 0.25, "Q5_0": 0.5}
+CPU_TENSOR_PREFILL_CORE_S = 4e-6
+# Per layer and decoded token, beyond its matrices: ``CPU_TENSOR_S`` seconds per tensor of the layer, which more
+# threads do not shorten (a tensor is roughly one graph node, with its small ops: norms, RoPE, activations, a short
+# context's attention; every node ends in a barrier all threads wait at: ggml-cpu/ggml-cpu.c
+# ``ggml_graph_compute_thread``). It scales a layer's fixed cost with what the layer holds: a 9-tensor Llama layer
+# costs 0.23 ms, a 14-tensor delta-net layer 0.35 ms, at any width (the 2.74 ms·core per layer once fitted on 1B-8B
+# alone was 3-6× too high for 135M-1B models; its excess was the Q6_K tensors' rate, now counted by type).
+# Fitted with the rates above on the 135M-7B rows at 1 and 2 threads (benches/fit_speed.py, 2026-12-05).
+CPU_TENSOR_S = 25e-6
 
 
 @dataclass
@@ -163,25 +180,115 @@ def prefill_params(rd: dict, where: str) -> float:
     return rd[where + "_params"] - rd[where + "_out_params"]
 
 
+def type_class(type_name: str) -> str:
+    """"repacked" (``REPACKED_TYPES``), "wide" (``WIDE_TYPES``) or "unpacked" (every other quantized type)."""
+    t = type_name.upper()
+    return "repacked" if t in REPACKED_TYPES else "wide" if t in WIDE_TYPES else "unpacked"
+
+
+def weight_shares(spec) -> dict:
+    """Shares of the weights one decoded token reads (``"decode"``: the repeating layers and the output matmul)
+    and one prompt token multiplies (``"prefill"``: the layers alone), per type class (``type_class``):
+    ``{"decode": {"repacked_w", "repacked_b", "unpacked_w", …}, "prefill": {…}}``, ``_w`` of the weights,
+    ``_b`` of the bytes, ``"type:Q4_1"``… of the prefill weights per ggml type, each set summing to 1 (1-D
+    tensors, norms and biases, left out); and
+    ``"tensors_per_layer"``: tensors of ``blk.N``, all kinds, per layer. Cached on ``spec``."""
+    cached = spec.__dict__.get("_weight_shares")
+    if cached is not None:
+        return cached
+    frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
+    tied = not spec.has_output_weight
+    acc = {"decode": {}, "prefill": {}}
+    for t in spec.tensors:
+        if len(t.shape) < 2:
+            continue
+        output = t.layer is None and (t.name.startswith("output.") or (tied and t.name == "token_embd.weight"))
+        if t.layer is None and not output:
+            continue
+        f = frac if "_exps" in t.name else 1.0
+        c = type_class(t.type_name)
+        for phase in ("decode",) if output else ("decode", "prefill"):
+            acc[phase][c + "_w"] = acc[phase].get(c + "_w", 0.0) + t.n_elements * f
+            acc[phase][c + "_b"] = acc[phase].get(c + "_b", 0.0) + t.n_bytes * f
+        if not output:
+            key = "type:" + t.type_name.upper()
+            acc["prefill"][key] = acc["prefill"].get(key, 0.0) + t.n_elements * f
+    for d in acc.values():
+        for unit in ("_w", "_b", "type:"):
+            keys = [k for k in d if k.endswith(unit) or k.startswith(unit)]
+            total = sum(d[k] for k in keys) or 1.0
+            for k in keys:
+                d[k] /= total
+    acc["tensors_per_layer"] = sum(1 for t in spec.tensors if t.layer is not None) / max(1, spec.n_layer)
+    spec.__dict__["_weight_shares"] = acc
+    return acc
+
+
+def _shares(spec, quant: str, phase: str) -> dict[str, float]:
+    if spec is not None and getattr(spec, "tensors", None):
+        return weight_shares(spec)[phase]
+    main = _main_type(quant)  # no tensor table: the file type's main type for every weight
+    c = type_class(main)
+    return {c + "_w": 1.0, c + "_b": 1.0, "type:" + main: 1.0}
+
+
+def _main_type(quant: str) -> str:
+    """A file type's main tensor type: Q4_K_M → Q4_K, Q5_K_S → Q5_K (llama.h's LLAMA_FTYPE_MOSTLY_*)."""
+    q = (quant or "").upper()
+    return q[:-2] if re.search(r"_K_(S|M|L)$", q) else q
+
+
 def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, bytes_cpu: float,
-                          quant: str) -> float:
+                          quant: str, spec=None) -> float:
     """Seconds per decoded token the CPU spends beyond reading ``bytes_cpu`` at the tier's bandwidth: the
-    per-layer fixed cost (``CPU_LAYER_CORE_S`` / cores × layers on the CPU) and, for weights not repacked
-    (``WIDE_TYPES``), the compute floor ``params / (CPU_WIDE_GWEIGHTS_PER_CORE × cores)`` where it exceeds
-    the bandwidth time. 0 for a measured tier (its effective bandwidth folds these in) or no CPU layers."""
+    per-layer cost (``CPU_TENSOR_S`` × tensors per layer × layers on the CPU; 9 tensors, a Llama layer's,
+    without a tensor table) and, for weights llama.cpp does not
+    repack (ggml-cpu/repack.cpp), their compute floor where it exceeds their bandwidth time:
+    ``max(0, weights / (rate × cores) - bytes / bandwidth)``, rate ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` or
+    ``CPU_WIDE_GWEIGHTS_PER_CORE`` G weights/s. The type of each weight comes from ``spec``'s tensor table
+    (``weight_shares``; a Q4_K_M file holds Q6_K tensors, a 576- or 640-wide model's "Q4_K_M" is mostly
+    Q5_0 since K-quant rows are 256-element blocks), else ``quant`` stands for all. 0 for a measured tier
+    (its effective bandwidth folds these in) or no CPU layers."""
     if tier.source != "table" or not tier.cores:
         return 0.0
-    extra = CPU_LAYER_CORE_S / tier.cores * max(0, n_layers_cpu)
-    if quant.upper() in WIDE_TYPES and params_cpu > 0:
-        floor = params_cpu / (CPU_WIDE_GWEIGHTS_PER_CORE * 1e9 * tier.cores)
-        extra += max(0.0, floor - bytes_cpu / (tier.bandwidth_gbps * 1e9))
+    per_layer = weight_shares(spec)["tensors_per_layer"] if spec is not None and getattr(spec, "tensors", None) else 9
+    extra = CPU_TENSOR_S * per_layer * max(0, n_layers_cpu)
+    if params_cpu <= 0:
+        return extra
+    sh = _shares(spec, quant, "decode")
+    for c, rate in (("unpacked", CPU_UNPACKED_GWEIGHTS_PER_CORE), ("wide", CPU_WIDE_GWEIGHTS_PER_CORE)):
+        w, b = params_cpu * sh.get(c + "_w", 0.0), bytes_cpu * sh.get(c + "_b", 0.0)
+        extra += max(0.0, w / (rate * 1e9 * tier.cores) - b / (tier.bandwidth_gbps * 1e9))
     return extra
 
 
-def cpu_prefill_factor(tier: Tier, quant: str) -> float:
-    """The share of ``tier.gflops`` a table CPU tier reaches in prefill on weights of type ``quant``
-    (``CPU_WIDE_PREFILL_FACTOR`` for ``WIDE_TYPES``, else 1.0; 1.0 for a measured tier)."""
-    return CPU_WIDE_PREFILL_FACTOR if tier.source == "table" and quant.upper() in WIDE_TYPES else 1.0
+def _prefill_factor(type_name: str) -> float:
+    c = type_class(type_name)
+    if c == "repacked":
+        return 1.0
+    return CPU_WIDE_PREFILL_FACTOR if c == "wide" else CPU_PREFILL_FACTOR_BY_TYPE.get(type_name,
+                                                                                      CPU_UNPACKED_PREFILL_FACTOR)
+
+
+def cpu_prefill_factor(tier: Tier, quant: str, spec=None) -> float:
+    """The share of ``tier.gflops`` a table CPU tier reaches in prefill: 1 / (Σ_class share of the layers'
+    weights / the type's factor + the fixed part), factors ``CPU_WIDE_PREFILL_FACTOR`` for ``WIDE_TYPES``,
+    ``CPU_PREFILL_FACTOR_BY_TYPE`` or ``CPU_UNPACKED_PREFILL_FACTOR`` for other types not repacked, 1.0 for
+    repacked ones (types from ``spec``'s tensor table, else ``quant`` for all; a file type such as Q4_K_M
+    counts as its main type's class). The fixed part: ``CPU_TENSOR_PREFILL_CORE_S`` core-seconds per prompt
+    token and layer tensor (the non-matmul nodes: norms, RoPE, attention, a delta-net's scan), as a share of
+    the matmul time 2 × layer params / per-core FLOP/s. 1.0 for a measured tier."""
+    if tier.source != "table":
+        return 1.0
+    sh = _shares(spec, quant, "prefill")
+    types = {k[5:]: v for k, v in sh.items() if k.startswith("type:")}
+    t = sum(share / _prefill_factor(name) for name, share in types.items())
+    if spec is not None and getattr(spec, "tensors", None) and tier.cores:
+        params = sum(x.n_elements for x in spec.tensors if x.layer is not None and len(x.shape) > 1)
+        n_tensors = weight_shares(spec)["tensors_per_layer"] * spec.n_layer
+        if params:
+            t += CPU_TENSOR_PREFILL_CORE_S * n_tensors / (2 * params / (tier.gflops / tier.cores * 1e9))
+    return 1.0 / t if t > 0 else 1.0
 
 
 def kv_read_per_token(kv_cache_bytes: int, n_parallel: int = 1) -> float:

@@ -1,0 +1,62 @@
+"""fit's CPU speed model across sizes: which weights are bound by reading them and which by multiplying them,
+and a per-layer cost small enough that a 135M model is not charged a 8B model's overheads.
+
+Header-only reads of the two real models (no model is loaded); the measured side of these numbers is
+benches/fit_speed.py (docs/fit.md, "Speed model")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from localrun.machine.hardware import CpuInfo
+from localrun.model.gguf_info import read_gguf
+from localrun.offload import speed as S
+from localrun.offload.search import plan_for_run
+
+
+def _cpu_only(cores: int):
+    from localrun.machine.presets import get_preset
+
+    hw = get_preset("laptop-16gb")
+    return dataclasses.replace(hw, gpus=[], cpu=CpuInfo(model="test", arch="x86_64", physical_cores=cores,
+                                                        logical_cores=cores, simd=["AVX2", "AVX512F"]))
+
+
+def test_type_classes_follow_llamacpp_repacking():
+    assert [S.type_class(t) for t in ("Q4_K", "q4_0", "IQ4_NL")] == ["repacked"] * 3
+    assert [S.type_class(t) for t in ("Q8_0", "F16", "BF16")] == ["wide"] * 3
+    assert [S.type_class(t) for t in ("Q4_1", "Q5_0", "Q6_K", "Q5_K")] == ["unpacked"] * 4
+
+
+def test_small_widths_are_read_as_their_real_types(smollm_path, gemma_path):
+    """SmolLM2 (Q4_1, 576 wide) and Gemma-3-270M ("Q4_K_M", 640 wide: K-quant rows are 256-element blocks, so
+    most of it is Q5_0) hold almost no repacked weights: the file type alone would misclassify Gemma."""
+    for path in (smollm_path, gemma_path):
+        sh = S.weight_shares(read_gguf(path))
+        assert sum(v for k, v in sh["decode"].items() if k.endswith("_w")) == pytest.approx(1.0)
+        assert sh["decode"].get("repacked_w", 0.0) < 0.1
+        assert sh["prefill"].get("repacked_w", 0.0) < 0.25
+
+
+def test_a_small_models_fixed_costs_are_a_part_of_its_time_not_most(smollm_path):
+    """The per-layer cost once fitted on 1B-8B (2.74 ms·core per layer) made SmolLM2's 30 layers cost 3× its
+    weights (≈ 21 tok/s on 2 cores against 83 measured); now the layers' fixed cost is a part of the per-token
+    time, not most of it, and two cores are faster than one."""
+    spec = read_gguf(smollm_path)
+    one, two = (plan_for_run(spec, _cpu_only(c), n_ctx=1024) for c in (1, 2))
+    assert two.decode_tok_s > one.decode_tok_s and two.prefill_tok_s > one.prefill_tok_s
+    layers_s = S.CPU_TENSOR_S * S.weight_shares(spec)["tensors_per_layer"] * spec.n_layer
+    assert layers_s < 0.6 / two.decode_tok_s
+    assert two.decode_tok_s > 3 * 21.4  # the old estimate on this 2-core machine shape
+
+
+def test_without_a_tensor_table_the_file_type_stands_for_every_weight():
+    tier = S.Tier("cpu", 19.0, 250.0, cores=2)
+    q4k = S.cpu_decode_overhead_s(tier, 16, 1e9, 0.56e9, "Q4_K_M")
+    q8 = S.cpu_decode_overhead_s(tier, 16, 1e9, 1.06e9, "Q8_0")
+    assert q4k == pytest.approx(S.CPU_TENSOR_S * 9 * 16)  # repacked: no compute floor, a Llama layer's tensors
+    assert q8 > q4k
+    assert S.cpu_prefill_factor(tier, "Q8_0") == pytest.approx(S.CPU_WIDE_PREFILL_FACTOR)
+    assert S.cpu_prefill_factor(tier, "Q4_K_M") == 1.0
