@@ -60,3 +60,20 @@ def test_without_a_tensor_table_the_file_type_stands_for_every_weight():
     assert q8 > q4k
     assert S.cpu_prefill_factor(tier, "Q8_0") == pytest.approx(S.CPU_WIDE_PREFILL_FACTOR)
     assert S.cpu_prefill_factor(tier, "Q4_K_M") == 1.0
+
+
+def test_a_recurrent_layers_state_is_read_and_written_once_per_token(tmp_path, smollm_path):
+    """A delta-net hybrid pays its R/S state twice a token at one core's rate (no share for a second thread);
+    an attention-only model pays nothing for it."""
+    from tiny_layouts import write_qwen35
+
+    from localrun.offload.memory import recurrent_state
+
+    spec = read_gguf(write_qwen35(tmp_path / "q.gguf", tokenizer_from=False))
+    state = S.weight_shares(spec)["state_bytes"]
+    assert state == recurrent_state(spec, 1).bytes > 0
+    assert S.weight_shares(read_gguf(smollm_path))["state_bytes"] == 0
+    tier = S.Tier("cpu", 19.0, 320.0, cores=2)
+    with_state = S.cpu_decode_overhead_s(tier, spec.n_layer, 0, 0, "F32", spec)
+    per_tensor = S.CPU_TENSOR_S * S.weight_shares(spec)["tensors_per_layer"] * spec.n_layer
+    assert with_state - per_tensor == pytest.approx(2 * state / (S.CPU_GBPS_PER_CORE * 1e9))

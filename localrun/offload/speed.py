@@ -53,28 +53,28 @@ EFFICIENCY = {"gpu": 0.7, "cpu": 0.55, "disk": 0.5, "compute_gpu": 0.35}
 # One core's rate of reading quantized weights in decode, GB/s, as llama.cpp reaches it (not a peak: few
 # cores cannot saturate DRAM). Fitted with the constants below on SmolLM2-135M, Gemma-3-270M and random-weight
 # LFM2-350M, Qwen3.5-0.8B-sized and Qwen2-7B layouts at 1 and 2 threads (benches/fit_speed.py, 2026-12-05)
-CPU_GBPS_PER_CORE = 8.75
+CPU_GBPS_PER_CORE = 9.5
 # One core's quantized-matmul throughput in prefill, GFLOP/s reached (llama.cpp multiplies int8 activations
 # against the quantized weights: AVX2 maddubs / AVX-512 VNNI / NEON sdot). AVX-512: the repacked (Q4_K) rate
 # fitted on the 135M-7B rows with the factors below (benches/fit_speed.py); AVX2: llama-bench pp512 of 7B
 # Q4_K_M ≈ 40-60 tok/s on a 6-8 core desktop ≈ 100 per core
 CPU_GFLOPS_PER_CORE = {"AVX512F": 160.0, "AVX2": 100.0, "NEON": 60.0, "": 15.0}
 # Weight types llama.cpp repacks into interleaved rows for the CPU (ggml-cpu/repack.cpp: Q4_0, Q4_K, IQ4_NL on
-# AVX2/AVX-512/NEON): their decode is bound by reading them (``CPU_GBPS_PER_CORE``). Every other type is multiplied
-# block by block (ggml-cpu/quants.c ``ggml_vec_dot_*``: unpack the bits, then int8 dot products) and is bound by
-# that compute before bandwidth: ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` G weights/s per core for the legacy and other
-# K-quants (Q4_1/Q5_0/Q5_K/Q6_K…, measured on SmolLM2-135M Q4_1, Gemma-3-270M's Q5_0, the Q6_K tensors of the
-# Q4_K_M files: benches/fit_speed.py), ``CPU_WIDE_GWEIGHTS_PER_CORE`` for 8- and 16-bit weights (Q8_0 1B/3B).
+# AVX2/AVX-512/NEON). Every other type is multiplied block by block (ggml-cpu/quants.c ``ggml_vec_dot_*``: unpack
+# the bits, then int8 dot products), bound by that compute where it is slower than reading the bytes: at most
+# ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` G weights/s a core, which binds below ~4.2 bits a weight (Q3_K, Q2_K…); the
+# 4-6-bit types measured (SmolLM2-135M's Q4_1, Gemma-3-270M's Q5_0, the Q6_K tensors of Q4_K_M files) decode at
+# their bytes' rate (benches/fit_speed.py). 8- and 16-bit weights: ``CPU_WIDE_GWEIGHTS_PER_CORE`` (Q8_0 1B/3B).
 REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 WIDE_TYPES = ("Q8_0", "F16", "BF16", "F32")
-CPU_UNPACKED_GWEIGHTS_PER_CORE = 14.0
+CPU_UNPACKED_GWEIGHTS_PER_CORE = 18.0
 CPU_WIDE_GWEIGHTS_PER_CORE = 6.8
 # Prefill: weights not repacked reach this share of the repacked GFLOP/s, per type (Q8_0 1B/3B: 143-150 GFLOP/s on
 # 2 cores against 248-260; Q4_1: SmolLM2-135M; Q5_0: Gemma-3-270M; other types, e.g. the Q6_K tensors of Q4_K_M
 # files: ``CPU_UNPACKED_PREFILL_FACTOR``)
 CPU_WIDE_PREFILL_FACTOR = 0.59
-CPU_UNPACKED_PREFILL_FACTOR = 0.35
-CPU_PREFILL_FACTOR_BY_TYPE = {"Q4_1": 0.25, "Q5_0": 0.5}
+CPU_UNPACKED_PREFILL_FACTOR = 0.45
+CPU_PREFILL_FACTOR_BY_TYPE = {"Q4_1": 0.25, "Q5_0": 0.55}
 CPU_TENSOR_PREFILL_CORE_S = 4e-6
 # Per layer and decoded token, beyond its matrices: ``CPU_TENSOR_S`` seconds per tensor of the layer, which more
 # threads do not shorten (a tensor is roughly one graph node, with its small ops: norms, RoPE, activations, a short
@@ -84,6 +84,13 @@ CPU_TENSOR_PREFILL_CORE_S = 4e-6
 # alone was 3-6× too high for 135M-1B models; its excess was the Q6_K tensors' rate, now counted by type).
 # Fitted with the rates above on the 135M-7B rows at 1 and 2 threads (benches/fit_speed.py, 2026-12-05).
 CPU_TENSOR_S = 25e-6
+# A recurrent layer's state (R/S, F32: offload/memory.py ``recurrent_state``) is read and written once per decoded
+# token; a gated delta-net's S is 1 MiB a layer at Qwen3.5-0.8B's widths. Charged at one core's
+# ``CPU_GBPS_PER_CORE`` in decode: the qwen35 layout's time at 2 threads fell short of half its 1-thread time
+# by about this (benches/fit_speed.py), and the recurrent ops split poorly across threads. In prefill the state
+# stays in cache between a batch's tokens: ``CPU_STATE_PREFILL_GBPS`` (fitted on the same rows). Short-conv R
+# (LFM2: 8 KiB a layer) costs next to nothing either way.
+CPU_STATE_PREFILL_GBPS = 40.0
 
 
 @dataclass
@@ -220,8 +227,19 @@ def weight_shares(spec) -> dict:
             for k in keys:
                 d[k] /= total
     acc["tensors_per_layer"] = sum(1 for t in spec.tensors if t.layer is not None) / max(1, spec.n_layer)
+    acc["state_bytes"] = _state_bytes(spec)
     spec.__dict__["_weight_shares"] = acc
     return acc
+
+
+def _state_bytes(spec) -> float:
+    """One sequence's recurrent state (R + S over the recurrent layers), bytes; 0 for an attention-only model."""
+    try:
+        from localrun.offload.memory import recurrent_state
+
+        return float(recurrent_state(spec, 1).bytes)
+    except (AttributeError, TypeError, ValueError, KeyError):  # a spec without the per-layer facts
+        return 0.0
 
 
 def _shares(spec, quant: str, phase: str) -> dict[str, float]:
@@ -242,7 +260,8 @@ def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, byte
                           quant: str, spec=None) -> float:
     """Seconds per decoded token the CPU spends beyond reading ``bytes_cpu`` at the tier's bandwidth: the
     per-layer cost (``CPU_TENSOR_S`` × tensors per layer × layers on the CPU; 9 tensors, a Llama layer's,
-    without a tensor table) and, for weights llama.cpp does not
+    without a tensor table), the recurrent state read and written at one core's rate (``CPU_GBPS_PER_CORE``)
+    and, for weights llama.cpp does not
     repack (ggml-cpu/repack.cpp), their compute floor where it exceeds their bandwidth time:
     ``max(0, weights / (rate × cores) - bytes / bandwidth)``, rate ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` or
     ``CPU_WIDE_GWEIGHTS_PER_CORE`` G weights/s. The type of each weight comes from ``spec``'s tensor table
@@ -251,8 +270,12 @@ def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, byte
     (its effective bandwidth folds these in) or no CPU layers."""
     if tier.source != "table" or not tier.cores:
         return 0.0
-    per_layer = weight_shares(spec)["tensors_per_layer"] if spec is not None and getattr(spec, "tensors", None) else 9
+    table = spec is not None and getattr(spec, "tensors", None)
+    per_layer = weight_shares(spec)["tensors_per_layer"] if table else 9
     extra = CPU_TENSOR_S * per_layer * max(0, n_layers_cpu)
+    if table and spec.n_layer:
+        state = weight_shares(spec)["state_bytes"] * min(1.0, max(0, n_layers_cpu) / spec.n_layer)
+        extra += 2 * state / (CPU_GBPS_PER_CORE * 1e9)
     if params_cpu <= 0:
         return extra
     sh = _shares(spec, quant, "decode")
@@ -276,8 +299,9 @@ def cpu_prefill_factor(tier: Tier, quant: str, spec=None) -> float:
     ``CPU_PREFILL_FACTOR_BY_TYPE`` or ``CPU_UNPACKED_PREFILL_FACTOR`` for other types not repacked, 1.0 for
     repacked ones (types from ``spec``'s tensor table, else ``quant`` for all; a file type such as Q4_K_M
     counts as its main type's class). The fixed part: ``CPU_TENSOR_PREFILL_CORE_S`` core-seconds per prompt
-    token and layer tensor (the non-matmul nodes: norms, RoPE, attention, a delta-net's scan), as a share of
-    the matmul time 2 × layer params / per-core FLOP/s. 1.0 for a measured tier."""
+    token and layer tensor (the non-matmul nodes: norms, RoPE, attention, a delta-net's scan) and the recurrent
+    state once per token at ``CPU_STATE_PREFILL_GBPS``, as shares of the matmul time 2 × layer params / FLOP/s.
+    1.0 for a measured tier."""
     if tier.source != "table":
         return 1.0
     sh = _shares(spec, quant, "prefill")
@@ -288,6 +312,8 @@ def cpu_prefill_factor(tier: Tier, quant: str, spec=None) -> float:
         n_tensors = weight_shares(spec)["tensors_per_layer"] * spec.n_layer
         if params:
             t += CPU_TENSOR_PREFILL_CORE_S * n_tensors / (2 * params / (tier.gflops / tier.cores * 1e9))
+            state_s = 2 * weight_shares(spec)["state_bytes"] / (CPU_STATE_PREFILL_GBPS * 1e9)  # not shared by cores
+            t += state_s / (2 * params / (tier.gflops * 1e9))
     return 1.0 / t if t > 0 else 1.0
 
 
