@@ -1,8 +1,9 @@
 """`localrun fit`'s speed estimate against measured speed, 135M to 8B, dense and hybrid, at 1 and 2 threads.
 
 ``--models`` (the default rows): SmolLM2-135M (Q4_1) and Gemma-3-270M (Q4_K_M: mostly Q5_0 at its 640 width) as
-installed; random-weight files of real layouts in ``--dir``: LFM2-350M and a Qwen3.5-0.8B-sized ``qwen35`` (the
-tests/tiny_layouts.py writers at those widths, quantized to Q4_K_M by llama.cpp's ``llama_model_quantize``) and
+installed; random-weight files of real layouts in ``--dir``: LFM2-350M, a Qwen3.5-0.8B-sized ``qwen35`` and its
+MoE variant ``qwen35moe`` (32 experts, 4 used: ``HYBRIDS``; the tests/tiny_layouts.py writers at those widths,
+quantized to Q4_K_M by llama.cpp's ``llama_model_quantize``) and
 Qwen2-7B (DeepSeek-R1-Distill-Qwen-7B's real header, every tensor written at its own type and offset by
 benches/gpu_check/inflate.py). Each row at each ``--threads`` count runs in a fresh process: the plan ``fit`` makes
 for a machine of that many cores (its estimate), then localrun's engine with ``LOCALRUN_THREADS`` = that count
@@ -214,6 +215,12 @@ HYBRIDS = {  # name → (writer, keywords)
     "qwen35-0.8B": ("write_qwen35", dict(n_embd=1024, n_layer=24, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256,
                                          n_rot=64, full_attention_interval=4, ssm_d_conv=4, ssm_d_state=128,
                                          ssm_n_group=16, ssm_dt_rank=16)),
+    # the same qwen35 layout with routed experts (qwen35moe): 32 experts of ff 512, 4 used, a shared expert of ff
+    # 1024 (expert counts and sizes chosen for a file this machine writes quickly, not a published config)
+    "qwen35moe-0.8B": ("write_qwen35moe", dict(n_embd=1024, n_layer=24, n_ff=3584, n_head=8, n_head_kv=2,
+                                               head_dim=256, n_rot=64, full_attention_interval=4, ssm_d_conv=4,
+                                               ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16, n_expert=32,
+                                               n_expert_used=4, n_ff_exp=512, n_ff_shexp=1024)),
 }
 REAL = ("smollm2-135M", "gemma3-270M", "qwen2-7B")
 
