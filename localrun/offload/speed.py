@@ -81,13 +81,13 @@ CPU_TENSOR_PREFILL_CORE_S = 4e-6
 # context's attention; every node ends in a barrier all threads wait at: ggml-cpu/ggml-cpu.c
 # ``ggml_graph_compute_thread``). It scales a layer's fixed cost with what the layer holds: a 9-tensor Llama layer
 # costs 0.23 ms, a 14-tensor delta-net layer 0.35 ms, at any width (the 2.74 ms·core per layer once fitted on 1B-8B
-# alone was 3-6× too high for 135M-1B models; its excess was the Q6_K tensors' rate, now counted by type).
+# alone, with a 9.5 GB/s rate, was 3-6× too high for 135M-1B models).
 # Fitted with the rates above on the 135M-7B rows at 1 and 2 threads (benches/fit_speed.py, 2026-12-05).
 CPU_TENSOR_S = 25e-6
 # A recurrent layer's state (R/S, F32: offload/memory.py ``recurrent_state``) is read and written once per decoded
 # token; a gated delta-net's S is 1 MiB a layer at Qwen3.5-0.8B's widths. Charged at one core's
 # ``CPU_GBPS_PER_CORE`` in decode: the qwen35 layout's time at 2 threads fell short of half its 1-thread time
-# by about this (benches/fit_speed.py), and the recurrent ops split poorly across threads. In prefill the state
+# by about this (benches/fit_speed.py; presumably the recurrent ops split poorly across threads). In prefill the state
 # stays in cache between a batch's tokens: ``CPU_STATE_PREFILL_GBPS`` (fitted on the same rows). Short-conv R
 # (LFM2: 8 KiB a layer) costs next to nothing either way.
 CPU_STATE_PREFILL_GBPS = 40.0
