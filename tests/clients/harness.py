@@ -29,6 +29,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# the as-installed client tests' server: Gemma-3 at an agent's context, no tool syntax in its template (the
+# generic format), one sequence, and llama-server's server-side cap on each answer (never a rewritten request)
+AGENT_SERVE_ARGS = ("--ctx", "32768", "--parallel", "1", "--chat-template", "gemma", "--n-predict", "128")
+
+
 class Serve:
     """``localrun serve MODEL ARGS…`` on a free port with its own LOCALRUN_HOME under ``home``; ``url``,
     ``log`` (its stderr/stdout file). Waits for ``/health`` (the process dying fails at once)."""

@@ -20,7 +20,7 @@ import re
 import subprocess
 
 import pytest
-from harness import Serve
+from harness import AGENT_SERVE_ARGS, Serve
 from install import QWEN_CODE, qwen_binary
 
 pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
@@ -28,8 +28,7 @@ pytestmark = pytest.mark.model  # spawns `localrun serve` on a real model
 
 @pytest.fixture(scope="module")
 def server(gemma_path, tmp_path_factory):
-    srv = Serve(gemma_path, tmp_path_factory.mktemp("qwen_as_installed"), "--ctx", "32768", "--parallel", "1",
-                "--chat-template", "gemma", "--n-predict", "128")
+    srv = Serve(gemma_path, tmp_path_factory.mktemp("qwen_as_installed"), *AGENT_SERVE_ARGS)
     yield srv
     srv.close()
 
