@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
+from localrun.agent.compact import undo_line
 from localrun.agent.loop import CallDone, CallShown, Note, StepStream
 from localrun.errors import ConfigError, LocalrunError
 
@@ -100,7 +101,7 @@ class AgentView:
             self.tool_choice(arg)
         elif cmd == "/undo-compact":
             n = self.repl.session.undo_compact()
-            self.con.print(f"restored the history before the last compaction: {n} messages", style="dim")
+            self.con.print(undo_line(n, self.repl.session.undo_kv_tokens), style="dim")
         else:
             return False
         return True

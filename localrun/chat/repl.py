@@ -205,8 +205,10 @@ class Repl:
                     for note in s.notices:
                         self.con.print(note, style="yellow")
             elif cmd == "/undo-compact" and self.agent_view is None:
+                from localrun.agent.compact import undo_line
+
                 n = s.undo_compact()
-                self.con.print(f"restored the history before the last compaction: {n} messages", style="dim")
+                self.con.print(undo_line(n, s.undo_kv_tokens), style="dim")
             elif self.agent_view is None or not self.agent_view.command(cmd, arg):
                 self.con.print(f"unknown command {cmd}; /help lists them", style="yellow")
         except LocalrunError as e:

@@ -16,8 +16,8 @@ for the answer, the context policy decides:
   its most recent part (a rolling window over the conversation);
 * ``compact`` (the default in agent mode) — past 0.8 of the window the older turns are replaced by a
   summary the model writes (``agent.compact``: a fork of the cached conversation; the last user turns
-  kept whole; ``/undo-compact`` restores the history as it was); what still does not fit is dropped as
-  with ``truncate-oldest``.
+  kept whole; ``/undo-compact`` restores the history as it was, and the KV snapshot taken before the
+  compaction with it); what still does not fit is dropped as with ``truncate-oldest``.
 
 What was dropped is reported in ``ChatSession.notices`` so the UI can show it.
 """
@@ -98,6 +98,8 @@ class ChatSession:
     images: list = field(default_factory=list)  # backends.images.ImageInput for the next message (/image PATH)
     compacted: list = field(default_factory=list)  # agent.compact.Undo of each compaction, the last one last
     last_compaction: object = None  # agent.compact.Compaction of the last compaction
+    kv_snapshots: object = None  # backends.kv_cache.KVCache of compaction's KV snapshots (without engine tiers)
+    undo_kv_tokens: int = 0  # tokens of KV the last undo_compact() brought back (agent.compact.restore_kv)
 
     def __post_init__(self) -> None:
         check_context_policy(self.context_policy)
@@ -198,8 +200,9 @@ class ChatSession:
         return done
 
     def undo_compact(self) -> int:
-        """Restore the history as it was before the last compaction, the turns since kept after it
-        (``agent.compact.undo``) → its message count. Raises ConfigError when nothing was compacted."""
+        """Restore the history as it was before the last compaction, the turns since kept after it, and its KV
+        snapshot (``agent.compact.undo``; ``undo_kv_tokens``: the tokens of KV that came back) → its message
+        count. Raises ConfigError when nothing was compacted."""
         if not self.compacted:
             raise ConfigError("nothing to undo: the conversation has not been compacted",
                               hint="compaction happens with --context-policy compact (the default with tools)")
