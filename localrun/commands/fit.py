@@ -321,10 +321,11 @@ def _checkpoints_line(t) -> str:
     """One line on a hybrid's context checkpoints (``offload.kv_tiers.checkpoint_budget``): how many of which
     size, their RAM at most, and the RAM serve holds with the model and the RAM tier."""
     from localrun.machine.hardware import fmt_bytes
-    from localrun.offload.kv_tiers import CHECKPOINTS_MAX_BYTES, CHECKPOINTS_PER_SLOT
+    from localrun.offload.kv_tiers import CHECKPOINTS_MIN_BYTES, CHECKPOINTS_PER_SLOT, CHECKPOINTS_RAM_SHARE
 
     return (f"  context checkpoints: up to {t.checkpoints_max} × {fmt_bytes(t.checkpoint_bytes)} (a sequence's "
-            f"recurrent state; {CHECKPOINTS_PER_SLOT} per sequence, ≤ {fmt_bytes(CHECKPOINTS_MAX_BYTES)}) = RAM "
+            f"recurrent state; {CHECKPOINTS_PER_SLOT} per sequence, in all ≤ {CHECKPOINTS_RAM_SHARE:.0%} of the "
+            f"RAM the model leaves, ≥ {fmt_bytes(CHECKPOINTS_MIN_BYTES)}) = RAM "
             f"{fmt_bytes(t.checkpoints_ram_bytes)} · RAM in all ≤ {fmt_bytes(t.ram_total_bytes)} (model + RAM "
             "tier + checkpoints)")
 

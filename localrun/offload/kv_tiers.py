@@ -12,9 +12,10 @@ a snapshot copies the sequence's window).
 Context checkpoints (``backends/llamacpp/checkpoints.py``, a model with recurrent layers only) are host RAM
 outside the tiers: one is one sequence's recurrent state (``llama_state_seq_get_data_ext`` with
 ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``; a hybrid-iSWA model's sliding-window cells too, not counted here), and
-the engine keeps at most ``CHECKPOINTS_PER_SLOT`` per sequence slot and ``CHECKPOINTS_MAX_BYTES`` in all. A
-snapshot in a tier also carries its slot's checkpoints (up to ``CHECKPOINTS_PER_SLOT``), which are not in
-``snapshot_bytes``.
+the engine keeps at most ``CHECKPOINTS_PER_SLOT`` per sequence slot and ``checkpoint_max_bytes`` in all: enough
+for every slot's ``CHECKPOINTS_PER_SLOT`` of this model's size, at most ``CHECKPOINTS_RAM_SHARE`` of the RAM the
+plan leaves (never below ``CHECKPOINTS_MIN_BYTES``). A snapshot in a tier also carries its slot's checkpoints (up
+to ``CHECKPOINTS_PER_SLOT``), which are not in ``snapshot_bytes``.
 
 Restore time (bytes ÷ rate, GB/s = 10^9 B/s):
   from RAM  = bytes ÷ ``RESTORE_COPY_GBPS`` (``llama_state_seq_set_data`` parses the payload layer by layer
@@ -40,10 +41,14 @@ RAM_SHARE = 0.25  # of the RAM the plan leaves free
 RESTORE_COPY_GBPS = 2.0
 HASH_GBPS = 0.5
 READ_EFFICIENCY = 0.8  # one large sequential read reaches most of the peak (mmap page faults: speed.py's 0.5)
-# the engine's bounds on context checkpoints: backends/llamacpp/checkpoints.py MAX_PER_SLOT and MAX_BYTES (the
-# planner imports no backend; tests/test_fit_checkpoints.py holds the two equal)
+# the engine's bounds on context checkpoints (backends/llamacpp/checkpoints.py imports these and
+# checkpoint_max_bytes: one formula for fit and the engine). llama-server keeps up to 32 per slot
+# (common/common.h n_ctx_checkpoints) at least 8192 tokens apart (checkpoint_min_step) with no byte bound on a
+# live slot's; localrun saves one every INTERVAL = 1024 tokens and at each turn's marks, and evicts the one
+# nearest its predecessor, so 16 keep a 32k-token sequence covered every 2k tokens.
 CHECKPOINTS_PER_SLOT = 16
-CHECKPOINTS_MAX_BYTES = 1 * GIB
+CHECKPOINTS_MIN_BYTES = 1 * GIB  # the budget never goes below this (the former fixed cap)
+CHECKPOINTS_RAM_SHARE = 0.25  # of the RAM the plan leaves, as the RAM tier's default (RAM_SHARE)
 
 
 @dataclass
@@ -98,16 +103,30 @@ def snapshot_bytes(kv_cache_bytes: int, n_parallel: int = 1, recurrent_bytes: in
     return (int(kv_cache_bytes) + int(recurrent_bytes)) // max(1, int(n_parallel))
 
 
-def checkpoint_budget(recurrent_bytes: int, n_parallel: int = 1) -> tuple[int, int, int]:
+def checkpoint_max_bytes(one_bytes: int, n_parallel: int, ram_left_bytes: int) -> int:
+    """The host RAM all slots' context checkpoints may hold, bytes: every one of ``n_parallel`` slots its
+    ``CHECKPOINTS_PER_SLOT`` checkpoints of ``one_bytes`` (one sequence's recurrent state), at most
+    ``CHECKPOINTS_RAM_SHARE`` of ``ram_left_bytes`` (the RAM free once the model is in) but never below
+    ``CHECKPOINTS_MIN_BYTES``:
+    ``min(CHECKPOINTS_PER_SLOT × n_parallel × one_bytes, max(CHECKPOINTS_MIN_BYTES, share × ram_left_bytes))``.
+    ``fit`` (``checkpoint_budget``) and the engine (backends/llamacpp/checkpoints.py, with llama.cpp's size
+    of a checkpoint and psutil's available RAM after the load) both use it. E.g. a Qwen3.6-27B at 32k × 4
+    sequences: 149.6 MiB a checkpoint, 9.35 GiB for 16 per slot, held in full with ≥ 37.4 GiB left."""
+    want = CHECKPOINTS_PER_SLOT * max(1, int(n_parallel)) * max(0, int(one_bytes))
+    return min(want, max(CHECKPOINTS_MIN_BYTES, int(max(0, int(ram_left_bytes)) * CHECKPOINTS_RAM_SHARE)))
+
+
+def checkpoint_budget(recurrent_bytes: int, n_parallel: int = 1, ram_left_bytes: int = 0) -> tuple[int, int, int]:
     """The context checkpoints a plan's engine may hold in RAM → (bytes of one, how many at most, their bytes
     at most): one is one sequence's recurrent state (``recurrent_bytes`` ÷ ``n_parallel``, the plan's R/S
-    bytes of all sequences), at most ``CHECKPOINTS_PER_SLOT`` per slot and ``CHECKPOINTS_MAX_BYTES`` in all
-    (backends/llamacpp/checkpoints.py ``_keep_budget``; a checkpoint bigger than that is not saved).
-    (0, 0, 0) without recurrent layers."""
+    bytes of all sequences), at most ``CHECKPOINTS_PER_SLOT`` per slot and ``checkpoint_max_bytes`` in all
+    (``ram_left_bytes``: the RAM the plan leaves; backends/llamacpp/checkpoints.py ``_keep_budget``; a
+    checkpoint bigger than that is not saved). (0, 0, 0) without recurrent layers."""
     one = int(recurrent_bytes) // max(1, int(n_parallel))
-    if one <= 0 or one > CHECKPOINTS_MAX_BYTES:
+    cap = checkpoint_max_bytes(one, n_parallel, ram_left_bytes)
+    if one <= 0 or one > cap:
         return max(0, one), 0, 0
-    n = min(CHECKPOINTS_PER_SLOT * max(1, int(n_parallel)), CHECKPOINTS_MAX_BYTES // one)
+    n = min(CHECKPOINTS_PER_SLOT * max(1, int(n_parallel)), cap // one)
     return one, n, n * one
 
 
@@ -133,11 +152,12 @@ def plan_kv_tiers(plan, ram_available_bytes: int, *, disk_kind: str | None = Non
     ``cache_ram_bytes`` None: the default (``default_cache_ram_bytes`` of the RAM the plan leaves);
     ``cache_dir`` None: no disk tier (its budget 0); ``disk_kind``: the kind of the disk holding
     ``cache_dir`` (or the model disk's); ``measured_disk_read_gbps`` replaces the table's rate. The context
-    checkpoints (``checkpoint_budget``) count in ``ram_total_bytes``, not in the RAM tier's default (serve sizes
-    that once the model is loaded, before any checkpoint exists). Raises nothing."""
+    checkpoints (``checkpoint_budget`` of the RAM the plan leaves) count in ``ram_total_bytes``, not in the RAM
+    tier's default (serve sizes that once the model is loaded, before any checkpoint exists). Raises nothing."""
     recurrent = int(getattr(plan, "recurrent_bytes", 0) or 0)
     snap = snapshot_bytes(plan.kv_cache_bytes, plan.n_parallel, recurrent)
-    one_cp, n_cp, cp_bytes = checkpoint_budget(recurrent, plan.n_parallel)
+    one_cp, n_cp, cp_bytes = checkpoint_budget(recurrent, plan.n_parallel,
+                                               int(ram_available_bytes) - int(plan.ram_bytes))
     if cache_ram_bytes is None:
         ram = default_cache_ram_bytes(ram_available_bytes, plan.ram_bytes)
         ram_source = f"default ({RAM_SHARE:g} of the RAM the plan leaves, at most {RAM_CAP_BYTES >> 30} GiB)"

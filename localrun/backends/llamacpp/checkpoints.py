@@ -31,6 +31,11 @@ Where a checkpoint is taken (the positions cost a prefill chunk boundary, never 
 
 Bounds: at most ``max_per_slot`` per slot and ``max_bytes`` in all (host RAM); past either, the
 checkpoint closest to the one before it in its slot goes first (the spacing stays even), the newest never.
+``max_bytes`` follows the model unless given: ``offload.kv_tiers.checkpoint_max_bytes`` (the formula `fit`
+prices them with) of the largest checkpoint llama.cpp has given so far (before the first, the plan's
+recurrent state of one sequence), the slots, and the RAM available when the engine was built (psutil: the
+model is in by then), so that every slot keeps its ``max_per_slot`` where RAM allows (a 27B qwen35 at 32k × 4
+sequences: 64 × 149.6 MiB = 9.35 GiB, where a fixed 1 GiB held 6 in all).
 ``stats`` counts saves, restores, the tokens they saved, evictions and whole prefills; the log says why a
 prompt is prefilled whole, at INFO (``recurrent state cannot be cut at 412 of 586; no checkpoint ≤ 412``),
 and which checkpoint a cut restored, at DEBUG.
@@ -50,6 +55,7 @@ from typing import Callable, Sequence
 from localrun.backends.kv_files import tokens_sha256
 from localrun.backends.kv_store import Checkpoint
 from localrun.backends.text import common_prefix
+from localrun.offload.kv_tiers import CHECKPOINTS_MIN_BYTES, CHECKPOINTS_PER_SLOT, checkpoint_max_bytes
 
 __all__ = ["Checkpoint", "CheckpointStats", "Checkpoints", "has_recurrent_state"]
 
@@ -58,8 +64,7 @@ log = logging.getLogger("localrun.checkpoints")
 INTERVAL = 1024  # tokens between checkpoints in a long prefill (a multiple of the usual n_batch, 512)
 TAILS = (4, 1)  # checkpoints these many tokens before each prompt's end (4: llama-server's, server-context.cpp)
 MAX_NOTED = 64  # prompts whose last user message's start is remembered (by their tokens' SHA-256)
-MAX_PER_SLOT = 16  # checkpoints per slot at most (llama-server keeps 32 by default)
-MAX_BYTES = 1 << 30  # host RAM for all slots' checkpoints at most
+MAX_PER_SLOT = CHECKPOINTS_PER_SLOT  # checkpoints per slot at most (16; llama-server keeps 32 by default)
 # why a cut prefilled the prompt whole: no checkpoint at or before the cut, or llama.cpp refused the one there
 FULL_PREFILL_REASONS = ("no_checkpoint", "restore_failed")
 
@@ -92,13 +97,32 @@ def has_recurrent_state(C, model) -> bool:
 
 class Checkpoints:
     """One engine's context checkpoints (see the module docstring); they live on its slots
-    (``Slot.checkpoints``). ``engine``: the ``LlamaCppEngine`` (its ``C``, ``ctx``, ``mem``, ``slots``)."""
+    (``Slot.checkpoints``). ``engine``: the ``LlamaCppEngine`` (its ``C``, ``ctx``, ``mem``, ``slots``, and
+    ``plan`` when it has one). ``max_bytes``: a fixed byte bound (bytes), or None to follow the model (see the
+    module docstring); ``ram_left_bytes``: the RAM that bound may take its share of (bytes; None: psutil's
+    available RAM now)."""
 
     def __init__(self, engine, *, interval: int = INTERVAL, tails: Sequence[int] = TAILS,
-                 max_per_slot: int = MAX_PER_SLOT, max_bytes: int = MAX_BYTES) -> None:
+                 max_per_slot: int = MAX_PER_SLOT, max_bytes: int | None = None,
+                 ram_left_bytes: int | None = None) -> None:
         self.engine = engine
         self.interval, self.tails = max(1, int(interval)), tuple(max(1, int(t)) for t in tails)
-        self.max_per_slot, self.max_bytes = max(1, int(max_per_slot)), max(0, int(max_bytes))
+        self.max_per_slot = max(1, int(max_per_slot))
+        self.follows_model = max_bytes is None
+        if ram_left_bytes is None and self.follows_model:
+            import psutil
+
+            ram_left_bytes = psutil.virtual_memory().available
+        self.ram_left_bytes = max(0, int(ram_left_bytes or 0))
+        plan = getattr(engine, "plan", None)
+        n_seq = max(1, len(engine.slots))
+        self.one_bytes = int(getattr(plan, "recurrent_bytes", 0) or 0) // n_seq  # the plan's, until llama.cpp's
+        self.measured = False  # one_bytes is llama.cpp's size of a checkpoint (the largest so far)
+        if max_bytes is not None:
+            self.max_bytes = max(0, int(max_bytes))
+        else:  # the floor until a size is known (save() sizes it again from llama.cpp's first checkpoint)
+            self.max_bytes = checkpoint_max_bytes(self.one_bytes, n_seq, self.ram_left_bytes) if self.one_bytes \
+                else CHECKPOINTS_MIN_BYTES
         self.stats = CheckpointStats()
         self.flags = engine.C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         self.noted: OrderedDict[str, int] = OrderedDict()  # SHA-256 of a prompt's tokens → its last user turn's start
@@ -165,6 +189,9 @@ class Checkpoints:
         eng = self.engine
         C = eng.C
         size = int(C.llama_state_seq_get_size_ext(eng.ctx, slot.seq_id, self.flags))
+        if self.follows_model and size > 0 and (size > self.one_bytes or not self.measured):
+            self.one_bytes, self.measured = max(size, self.one_bytes if self.measured else 0), True
+            self.max_bytes = checkpoint_max_bytes(self.one_bytes, len(eng.slots), self.ram_left_bytes)
         if size == 0 or size > self.max_bytes:
             return None
         buf = (ctypes.c_uint8 * size)()
