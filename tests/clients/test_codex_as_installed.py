@@ -61,8 +61,12 @@ stream_max_retries = 0
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
     env.update(HOME=str(home), CODEX_HOME=str(home / ".codex"), NO_COLOR="1")
     before = len(server.log_text())
-    r = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "What is the capital of France?"], cwd=work,
-                       env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
+    try:
+        r = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "What is the capital of France?"], cwd=work,
+                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as e:  # say what the session was doing, not only that it ran long
+        pytest.fail(f"codex {version} still running after 900 s; server log:\n{server.log_text()[before:][-4000:]}\n"
+                    f"its output:\n{(e.stdout or b'')[-1500:]!r}\n{(e.stderr or b'')[-1500:]!r}")
     log = server.log_text()[before:]
     statuses = [int(s) for s in re.findall(r"POST /v1/responses (\d{3})", log)]
     assert statuses and set(statuses) == {200}, log[-3000:]

@@ -43,9 +43,13 @@ def test_qwen_print_as_installed_answers_and_exits_0(server, version, tmp_path):
     env.update(HOME=str(home), OPENAI_API_KEY="local", OPENAI_BASE_URL=server.url + "/v1", OPENAI_MODEL="gemma",
                NO_COLOR="1", QWEN_STREAM_IDLE_TIMEOUT_MS="15000")
     before = len(server.log_text())
-    r = subprocess.run([str(qwen), "--auth-type", "openai", "--max-session-turns", "1",
-                        "What is the capital of France?"], cwd=work, env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
+    try:
+        r = subprocess.run([str(qwen), "--auth-type", "openai", "--max-session-turns", "1",
+                            "What is the capital of France?"], cwd=work, env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as e:  # say what the session was doing, not only that it ran long
+        pytest.fail(f"qwen {version} still running after 900 s; server log:\n{server.log_text()[before:][-4000:]}\n"
+                    f"its output:\n{(e.stdout or b'')[-1500:]!r}\n{(e.stderr or b'')[-1500:]!r}")
     log = server.log_text()[before:]
     statuses = [int(s) for s in re.findall(r"POST /v1/chat/completions (\d{3})", log)]
     assert statuses and set(statuses) == {200}, log[-3000:]
