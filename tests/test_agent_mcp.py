@@ -92,6 +92,17 @@ def test_arguments_that_fail_the_schema_are_an_error_result(box):
     assert "no tool named" in box.check("nope", {})
 
 
+def test_mcp_arguments_are_closed_for_the_model(box):
+    """FastMCP's schemas list their properties but leave others allowed and carry a title ("crashArguments"):
+    offered as they are, SmolLM2's constrained call of an argument-less tool filled ``{}`` with keys of its
+    own (copying the title) until its answer was cut. The model is offered the schema closed, untitled."""
+    crash, add = box.tools["crash"].parameters, box.tools["add"].parameters
+    assert crash["additionalProperties"] is False and not crash.get("properties") and "title" not in crash
+    assert add["additionalProperties"] is False and set(add["properties"]) == {"a", "b"} and "title" not in add
+    assert "not allowed" in box.check("crash", {"name": "crashArguments"})
+    assert box.check("crash", {}) is None
+
+
 def test_resources_and_prompts(box):
     hub = box.hub
     assert [str(r.uri) for r in hub.resources("demo")] == ["note://hello"]

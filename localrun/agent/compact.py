@@ -187,18 +187,27 @@ def cut_index(messages: list, keep_user_turns: int = KEEP_USER_TURNS) -> int:
     return 0
 
 
+def _only_the_last_summary(session, older: list) -> bool:
+    """Whether ``older`` is the last compaction's summary pair and nothing else: summarizing it again would
+    give the same tokens back (a turn whose own tool steps fill the window), so there is nothing to compact."""
+    if not session.compacted:
+        return False
+    pair = session.compacted[-1].pair
+    return len(older) <= len(pair) and all(a is b for a, b in zip(older, pair))
+
+
 def compact(session, stepper, extra: list = (), keep_user_turns: int = KEEP_USER_TURNS) -> Compaction | None:
     """Compact ``session.messages`` (module docstring) → the Compaction, or None when there is nothing older
-    to summarize. ``extra``: messages about to be added (a new user message) that count as kept turns.
-    ``stepper``: an ``agent.step.Stepper`` of the session (its rendering is the conversation's). Raises
-    what a step raises (ChatTemplateError, ContextOverflowError); KeyboardInterrupt leaves the history as
-    it was."""
+    to summarize (also when the older part is only the last compaction's summary). ``extra``: messages about
+    to be added (a new user message) that count as kept turns. ``stepper``: an ``agent.step.Stepper`` of the
+    session (its rendering is the conversation's). Raises what a step raises (ChatTemplateError,
+    ContextOverflowError); KeyboardInterrupt leaves the history as it was."""
     from localrun.agent.step import StepReply
     from localrun.backends.base import Message
 
     msgs = list(session.messages)
     cut = min(cut_index(msgs + list(extra), keep_user_turns), len(msgs))
-    if cut == 0:
+    if cut == 0 or _only_the_last_summary(session, msgs[:cut]):
         return None
     system = session.conversation()[: len(session.conversation()) - len(msgs)]
     before = stepper.count(system + msgs + list(extra))

@@ -133,9 +133,23 @@ def _clean(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "tool"
 
 
+def closed_arguments(schema: object) -> dict:
+    """An MCP tool's input schema as the model is offered it → a copy whose top-level object allows only the
+    properties it lists (``additionalProperties: false`` where it says nothing: the constrained call then
+    cannot fill an argument-less tool's ``{}`` with keys of its own, as SmolLM2 did until its answer was cut)
+    and without the top-level ``title`` (FastMCP's ``list_notesArguments``, which small models copy into
+    the call). Nested objects, and a schema that sets ``additionalProperties`` itself, are left as they
+    are; no schema (or not an object): ``{"type": "object"}``."""
+    if not isinstance(schema, dict) or not schema:
+        return {"type": "object"}
+    out = {k: v for k, v in schema.items() if k != "title"}
+    if out.get("type") == "object" and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _mcp_tool(hub: McpHub, server: str, t, name: str) -> Tool:
-    schema = field_of(t, "input_schema", "inputSchema")
-    schema = schema if isinstance(schema, dict) and schema else {"type": "object"}
+    schema = closed_arguments(field_of(t, "input_schema", "inputSchema"))
     read_only = bool(field_of(getattr(t, "annotations", None), "read_only_hint", "readOnlyHint"))
     return Tool(name, (t.description or "").strip()[:1000] or f"{t.name} (MCP server {server})", schema,
                 lambda args: hub.call_tool(server, t.name, args), asks=not read_only, source=server,

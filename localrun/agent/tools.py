@@ -27,6 +27,7 @@ SHELL_TIMEOUT_S = 30.0  # default, and the most a call may ask for is SHELL_TIME
 SHELL_TIMEOUT_MAX_S = 300.0
 SHELL_OUTPUT_CAP = 16_000  # characters of a command's output kept (head and tail)
 READ_LINES = 400  # lines read_file returns at most per call
+MAX_OFFSET = 10**9  # read_file's offset at most: a bound keeps a small model's constrained call from writing digits
 SEARCH_HITS = 50  # lines search_text returns at most
 
 
@@ -76,7 +77,8 @@ def builtin_tools(sets: list[str], root: str | os.PathLike | None = None) -> lis
     if "read" in sets:
         out += [
             Tool("read_file", "Read a text file (up to 400 lines from line `offset`, 1-based).",
-                 _obj({"path": file, "offset": {"type": "integer", "minimum": 1}}, ["path"]), fs.read),
+                 _obj({"path": file, "offset": {"type": "integer", "minimum": 1, "maximum": MAX_OFFSET}}, ["path"]),
+                 fs.read),
             Tool("list_folder", "List the files and folders in a folder (folders end with /).",
                  _obj({"path": {"type": "string", "description": '"." is the working directory'}}, ["path"]),
                  fs.list),
@@ -96,7 +98,8 @@ def builtin_tools(sets: list[str], root: str | os.PathLike | None = None) -> lis
     if "shell" in sets:
         out.append(Tool("run_shell", "Run a shell command in the working directory; returns its exit status "
                         "and output.", _obj({"command": {"type": "string"},
-                                             "timeout_s": {"type": "number", "minimum": 1}}, ["command"]),
+                                             "timeout_s": {"type": "number", "minimum": 1,
+                                                           "maximum": SHELL_TIMEOUT_MAX_S}}, ["command"]),
                         fs.shell, asks=True, preview=lambda a: f"$ {a.get('command', '')}"))
     return out
 
