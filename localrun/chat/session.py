@@ -265,15 +265,17 @@ class ChatSession:
         finished = False
         try:
             with closing(self.engine.generate(tokens, setup.params)) as gen:  # closing it stops the decoding
-                finished = yield from self._pieces(gen, parser, meter, events)
+                finished = yield from self._pieces(gen, parser, meter, events, setup.params)
         finally:
             if self.thought is not None and not meter.seen:
                 self.thought = None  # the model answered without thinking
             if not finished:
                 self.notices.append("interrupted: the partial answer is kept in the history")
 
-    def _pieces(self, gen, parser: ReplyParser, meter: ThinkingMeter, events: list | None):
-        """``stream_reply``'s loop: the engine's chunks → Pieces; returns whether the last one finished."""
+    def _pieces(self, gen, parser: ReplyParser, meter: ThinkingMeter, events: list | None,
+                params: SamplingParams | None = None):
+        """``stream_reply``'s loop: the engine's chunks → Pieces; returns whether the last one finished.
+        ``params``: the turn's sampling parameters (its constraint: a tool call's), for the finish notices."""
         started = finished = False
         for chunk in gen:
             evs = parser.feed(chunk.text) if chunk.text else []
@@ -291,7 +293,7 @@ class ChatSession:
             if chunk.finish_reason:
                 self.last_stats = chunk.stats
                 finished = True
-                self._note_finish(chunk)
+                self._note_finish(chunk, params)
             yield Piece(ans, chunk.token_id, chunk.finish_reason, chunk.stats, chunk.logprobs, thinking=th)
         return finished
 
@@ -325,8 +327,9 @@ class ChatSession:
                 self._note_finish(chunk)
             yield chunk
 
-    def _note_finish(self, chunk: Chunk) -> None:
-        """Say why an answer ended when the reason is not the model's own end of turn."""
+    def _note_finish(self, chunk: Chunk, params: SamplingParams | None = None) -> None:
+        """Say why an answer ended when the reason is not the model's own end of turn. ``params``: the turn's
+        (an agent step's carries its tool-call constraint), default the session's."""
         st = chunk.stats
         if chunk.finish_reason == "length" and st and st.n_ctx_used + 1 >= st.n_ctx:
             self.notices.append("the answer stopped because the context window is full")
@@ -335,10 +338,14 @@ class ChatSession:
                 "stopped: the answer was repeating itself in a loop (--no-stop-loops lets it run; "
                 "a higher --temp or --dry-multiplier helps a small model out of loops)"
             )
-        c = self.params.constraint
-        if c is not None and chunk.finish_reason in ("length", "loop"):
+        c = (params or self.params).constraint
+        raise_n = " (raise --max-tokens)" if chunk.finish_reason == "length" else ""
+        if c is not None and chunk.finish_reason in ("length", "loop") and c.param == "tool_choice":
+            self.notices.append("the reply was cut before the tool call (or the answer) it was writing ended: "
+                                f"nothing was run{raise_n}")
+        elif c is not None and chunk.finish_reason in ("length", "loop"):
             self.notices.append(f"the answer is incomplete: it was cut before it matched {c.param or 'the constraint'}"
-                                + (" (raise --max-tokens)" if chunk.finish_reason == "length" else ""))
+                                + raise_n)
 
     # ------------------------------------------------------------------ commands
     def attach_image(self, path: str | os.PathLike) -> int:
