@@ -66,10 +66,13 @@ class BatchStep:
         """One ``llama_decode`` for the running sequences; returns the chunks it produced.
 
         Either a decode batch (one token for every sequence that is generating, ordered by sequence id)
-        or a prefill batch (the next chunk, up to ``n_batch`` tokens, of ONE sequence's prompt, taking
-        the prefilling sequences in turn; on the CPU at most ``prefill_chunk_decoding`` tokens while
-        others decode); while both kinds are waiting they alternate, so a long prompt is prefilled in
-        chunks and running streams keep flowing. Not mixing them matters with one KV stream per sequence:
+        or a prefill batch: the next chunks of the waiting prompts, taken in turn (least recently prefilled
+        first, a new prompt before all), as many as fit the step's budget (``prefill_budget``: ``n_batch``
+        tokens, or on the CPU ``prefill_chunk_decoding`` while others decode; ``_prefill_take``); while both
+        kinds are waiting they alternate, so a long prompt is prefilled in chunks, running streams keep
+        flowing and prompts that arrive together are prefilled in the same steps (they start decoding
+        together, as llama-server's batch of every waiting prompt does, tools/server ``update_slots``).
+        Not putting decode tokens in a prefill batch matters with one KV stream per sequence:
         llama.cpp then splits a batch into equal per-sequence parts over consecutive sequence ids
         (llama-batch.cpp split_equal), which would cut a prompt mixed with decode tokens into one-token
         pieces. It also keeps a prompt's arithmetic the same whether or not other requests are running.
@@ -88,38 +91,36 @@ class BatchStep:
         filler = self.hole_filler(waiting, decoding) if waiting and decoding and not self._prefill_turn else None
         if waiting and (not decoding or self._prefill_turn or filler is not None):
             # round-robin over the prompts still prefilling (a new one first): a short request that
-            # arrives during a long prompt's prefill waits one chunk, not the whole prompt
-            g = filler or min(waiting, key=lambda w: (w.last_prefill, w.t_start))
+            # arrives during a long prompt's prefill waits one chunk, not the whole prompt. Several prompts
+            # share one step up to the step's token budget (``prefill_budget``), so prompts that arrive
+            # together start decoding together and the running streams wait one step for all of them, not
+            # one step per prompt
+            order = sorted(waiting, key=lambda w: (w.last_prefill, w.t_start))
+            if filler is not None:
+                order.remove(filler)
+                order.insert(0, filler)
             self._steps += 1
-            g.last_prefill = self._steps
-            left = len(g.prompt) - g.n_prompt_done
-            if g.images:  # an image next: decoded alone (llamacpp/mtmd.py); a text chunk stops before one
-                nxt = next((s for s, _ in g.images if s >= g.n_prompt_done), len(g.prompt))
-                if nxt == g.n_prompt_done:
-                    self.projector.prefill(self, g, nxt)
+            budget = self.prefill_budget(bool(decoding))
+            for g in order:
+                take = self._prefill_take(g, n, budget, decoding)
+                if take is None:  # an image next in the first prompt: decoded alone (llamacpp/mtmd.py)
+                    self.projector.prefill(self, g, g.n_prompt_done)
                     self._prefill_turn = False
                     return []
-                left = nxt - g.n_prompt_done
-            take = min(self.n_batch, left)
-            if decoding and self.prefill_chunk_decoding < take:
-                # streams are waiting on this chunk: a smaller one bounds their stall (on a CPU a prompt
-                # token costs the same in a chunk of 64 or 512); never leave a remainder under 32 tokens,
-                # whose kernels round differently (outputs stay equal to a solo run's)
-                take = self.prefill_chunk_decoding if left - self.prefill_chunk_decoding >= 32 else take
-            if g.snapshot_at > g.n_prompt_done:  # a KV-tier boundary (the system prompt's end): stop there
-                take = min(take, g.snapshot_at - g.n_prompt_done)
-            if self.checkpoints is not None:  # recurrent state: stop where a checkpoint is taken (checkpoints.py)
-                stop = self.checkpoints.next_stop(g.n_prompt_done, len(g.prompt), g.checkpoint_marks)
-                take = min(take, stop - g.n_prompt_done)
-            sid, pos0, toks = g.slot.seq_id, g.n_prompt_done, g.prompt
-            for j in range(take):
-                batch.token[n], batch.pos[n], batch.n_seq_id[n] = toks[pos0 + j], pos0 + j, 1
-                batch.seq_id[n][0], batch.logits[n] = sid, 0
-                n += 1
-            prefill.append((g, take))
-            if pos0 + take == len(g.prompt):
-                batch.logits[n - 1] = 1
-                outputs.append((g, n - 1))
+                if take <= 0:
+                    continue
+                g.last_prefill = self._steps
+                sid, pos0, toks = g.slot.seq_id, g.n_prompt_done, g.prompt
+                for j in range(take):
+                    batch.token[n], batch.pos[n], batch.n_seq_id[n] = toks[pos0 + j], pos0 + j, 1
+                    batch.seq_id[n][0], batch.logits[n] = sid, 0
+                    n += 1
+                prefill.append((g, take))
+                if pos0 + take == len(g.prompt):
+                    batch.logits[n - 1] = 1
+                    outputs.append((g, n - 1))
+                if n >= budget:
+                    break
             decoding = []
             self._prefill_turn = False
         else:
@@ -184,6 +185,47 @@ class BatchStep:
         if decoding and spec is not None:
             spec.finish_step(decoding, k)
         return events
+
+    def prefill_budget(self, decoding: bool) -> int:
+        """Prompt tokens one prefill step takes in all: ``n_batch`` when nothing decodes, else
+        ``prefill_chunk_decoding`` (the whole ``n_batch`` with the weights on a GPU, where a step's time
+        hardly grows with its tokens; 128 on a CPU, where it grows with every token and the running streams
+        wait for the step)."""
+        return self.prefill_chunk_decoding if decoding else self.n_batch
+
+    def _prefill_take(self, g: Generation, n: int, budget: int, decoding: Sequence[Generation]) -> int | None:
+        """How many of ``g``'s next prompt tokens this prefill step takes, ``n`` tokens being in the batch
+        already (tokens). The first prompt of a step (``n == 0``) takes up to ``n_batch`` and, while others
+        decode, at most ``prefill_chunk_decoding`` unless that would leave under 32 (a chunk that small is
+        computed by other kernels, which round differently: outputs stay equal to a solo run's); a later one
+        takes what is left of ``budget``, only in pieces of 32 or more that leave 32 or more (else nothing:
+        0). Stops at a KV-tier boundary (``snapshot_at``) and where a checkpoint is taken (recurrent layers).
+        None: an image comes next in the first prompt (the caller decodes it alone)."""
+        left = len(g.prompt) - g.n_prompt_done
+        if g.images:  # a text chunk stops before an image
+            nxt = next((s for s, _ in g.images if s >= g.n_prompt_done), len(g.prompt))
+            if nxt == g.n_prompt_done:
+                return None if n == 0 else 0
+            left = nxt - g.n_prompt_done
+        if n == 0:
+            take = min(self.n_batch, left)
+            if decoding and self.prefill_chunk_decoding < take:
+                # streams are waiting on this chunk: a smaller one bounds their stall (on a CPU a prompt
+                # token costs the same in a chunk of 64 or 512)
+                take = self.prefill_chunk_decoding if left - self.prefill_chunk_decoding >= 32 else take
+        else:
+            room = min(budget, self.n_batch) - n
+            take = min(left, room)
+            if take < left and left - take < 32:
+                take = left - 32
+            if take < left and take < 32:
+                return 0
+        if g.snapshot_at > g.n_prompt_done:  # a KV-tier boundary (the system prompt's end): stop there
+            take = min(take, g.snapshot_at - g.n_prompt_done)
+        if self.checkpoints is not None:  # recurrent state: stop where a checkpoint is taken (checkpoints.py)
+            stop = self.checkpoints.next_stop(g.n_prompt_done, len(g.prompt), g.checkpoint_marks)
+            take = min(take, stop - g.n_prompt_done)
+        return max(0, take)
 
     def _count_ubatches(self, batch, n: int, *, prefill: bool) -> None:
         """Add this step to ``step_totals``: the ubatches llama.cpp made of its ``n`` tokens, measured by the
