@@ -38,8 +38,6 @@ def test_compaction_forks_the_cache_keeps_running_and_undoes(smollm_path):
         assert s.messages[-1].role == "assistant" and s.messages[-1].content == answer
         assert s.last_stats is not None and s.last_stats.n_ctx_used < engine.n_ctx
         last_turn = s.messages[-2:]
-        # the older part is now only the summary: compacting again would summarize the summary, so it does not
-        assert s.compact() is None and s.messages[0].content.startswith("[Summary")
         n = s.undo_compact()
         assert s.messages == prev + last_turn and n == len(prev) + 2  # exactly as before, the new turn after it
         with pytest.raises(Exception, match="nothing to undo"):

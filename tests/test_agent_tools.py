@@ -105,6 +105,35 @@ def test_compaction_cuts_at_a_user_turn_so_tool_pairs_stay_whole():
     assert cut_index(msgs[:2], 2) == 0  # one turn only: nothing older to summarize
 
 
+def test_compaction_keeps_fewer_turns_rather_than_summarize_only_its_last_summary():
+    """Found in the tmux run: after a compaction, a turn whose tool steps filled the window had only the last
+    summary before its two kept user turns; the policy then dropped the summary and the whole turn before it.
+    Now the older turn is folded into the summary and only the current turn is kept whole."""
+    from types import SimpleNamespace
+
+    from localrun.agent.compact import Undo, older_cut
+
+    pair = [Message("user", "[Summary of the earlier conversation]\n…"), Message("assistant", "Understood.")]
+    msgs = pair + [Message("user", "add milk"), Message("assistant", "", tool_calls=[]), Message("tool", "no"),
+                   Message("user", "an essay"), Message("assistant", "{}")]
+    session = SimpleNamespace(compacted=[Undo([], pair, [])])
+    assert cut_index(msgs, 2) == 2  # two user turns kept: only the summary is older
+    assert older_cut(session, msgs, [], 2) == 5  # so the last one alone is kept
+    assert older_cut(SimpleNamespace(compacted=[]), msgs, [], 2) == 2  # no compaction yet: the summary is a turn
+    assert older_cut(session, msgs[:5], [], 2) == 0  # the summary and one turn: nothing to fold in
+
+
+def test_a_summary_cut_at_max_tokens_is_unwrapped_from_the_generic_format():
+    """Found in the tmux run: SmolLM2's summary, cut at its max_tokens inside {"response": "…"}, became the
+    summary message as raw JSON."""
+    from localrun.agent.compact import unwrap_response
+
+    assert unwrap_response('{"response": "The user asked \\"why\\" and') == 'The user asked "why" and'
+    assert unwrap_response('{"response": "caf\\u00') == "caf"  # a cut escape is dropped
+    assert unwrap_response('{"response": "whole"}') == "whole"
+    assert unwrap_response("plain words") == "plain words"
+
+
 @pytest.mark.parametrize("template,syntax", [
     ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}", "generic"),
     ("{% if tools %}<tools>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>", "hermes"),

@@ -29,6 +29,8 @@ caller's ``Stepper`` renders them.
 
 from __future__ import annotations
 
+import json
+import re
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -187,6 +189,34 @@ def cut_index(messages: list, keep_user_turns: int = KEEP_USER_TURNS) -> int:
     return 0
 
 
+def unwrap_response(text: str) -> str:
+    """The text of a generic-format answer ``{"response": "…"}`` that was cut before it closed (the summary
+    stops at its ``max_tokens``; a whole one the reply parser already unwrapped) → its text so far, escapes
+    decoded; any other ``text`` as it is."""
+    m = re.match(r'\s*\{\s*"response"\s*:\s*"', text)
+    if m is None:
+        return text
+    body = re.sub(r'"\s*}?\s*$', "", text[m.end():])  # the closing quote and brace, when they came
+    for end in range(len(body), max(-1, len(body) - 8), -1):  # a cut escape (\u00e) is dropped
+        try:
+            return json.loads(f'"{body[:end]}"')
+        except ValueError:
+            continue
+    return body
+
+
+def older_cut(session, msgs: list, extra: list, keep_user_turns: int = KEEP_USER_TURNS) -> int:
+    """Where the part of ``msgs`` to summarize ends (``cut_index`` of ``msgs + extra``, at most ``len(msgs)``),
+    keeping ``keep_user_turns`` user turns whole, or fewer (down to the last one) when the older part would
+    hold nothing but the last compaction's summary: a long turn's tool steps are then folded into the
+    summary instead of the oldest turns being dropped whole. 0: nothing to summarize."""
+    for k in range(keep_user_turns, 0, -1):
+        cut = min(cut_index(msgs + extra, k), len(msgs))
+        if cut and not _only_the_last_summary(session, msgs[:cut]):
+            return cut
+    return 0
+
+
 def _only_the_last_summary(session, older: list) -> bool:
     """Whether ``older`` is the last compaction's summary pair and nothing else: summarizing it again would
     give the same tokens back (a turn whose own tool steps fill the window), so there is nothing to compact."""
@@ -206,8 +236,8 @@ def compact(session, stepper, extra: list = (), keep_user_turns: int = KEEP_USER
     from localrun.backends.base import Message
 
     msgs = list(session.messages)
-    cut = min(cut_index(msgs + list(extra), keep_user_turns), len(msgs))
-    if cut == 0 or _only_the_last_summary(session, msgs[:cut]):
+    cut = older_cut(session, msgs, list(extra), keep_user_turns)
+    if cut == 0:
         return None
     system = session.conversation()[: len(session.conversation()) - len(msgs)]
     before = stepper.count(system + msgs + list(extra))
@@ -220,11 +250,13 @@ def compact(session, stepper, extra: list = (), keep_user_turns: int = KEEP_USER
     history_tokens = stepper.count(system + older)
     kv_tokens = snapshot_kv(session, stepper.prompt(system + msgs)[0])  # before the fork cuts the slot
     reply = StepReply()
+    n_notices = len(session.notices)
     with closing(stepper.run(system + older + [request], "none", reply,
                              overrides={"max_tokens": max_tokens, "temperature": 0.0})) as stream:
         for _ in stream:
             pass
-    summary = reply.content.strip() or "(the model wrote no summary)"
+    del session.notices[n_notices:]  # the summary's own finish ("cut at max_tokens") is not the turn's
+    summary = unwrap_response(reply.content).strip() or "(the model wrote no summary)"
     stats = getattr(reply.finish, "stats", None)
     prompt = stats.prompt_tokens if stats else 0
     evaluated = prompt - stats.cached_tokens if stats else 0
