@@ -170,9 +170,10 @@ def restore_kv(session, u: Undo) -> int:
         probe = u.stepper.prompt(system + session.messages + [Message("user", PROBE)])[0]
     except LocalrunError:
         return 0
-    slot = engine.slots[0]
-    snap, usable = store.best(probe, sliding=exact_only(engine))
-    own = store._own(engine, slot, common_prefix(slot.tokens, probe))
+    slot, sliding = engine.slots[0], exact_only(engine)
+    snap, usable = store.best(probe, sliding=sliding)
+    own = common_prefix(slot.tokens, probe)  # what the slot reuses itself; cut back only without sliding layers
+    own = own if not sliding or own == len(slot.tokens) else 0
     if snap is None or usable <= own:
         return own if own >= store.min_tokens else 0
     return usable if store.restore(engine, slot, snap) else 0
