@@ -24,7 +24,7 @@ class Plan:
     n_ctx: int = 4096  # per sequence, tokens
     n_parallel: int = 1  # sequences decoded together (serve); KV = n_ctx × n_parallel cells
     n_gpu_layers: int = 0  # repeating layers on the GPU (-1 = all)
-    n_batch: int = 512  # logical batch, tokens
+    n_batch: int = 2048  # logical batch, tokens: the most one llama_decode takes (llama-server's default)
     n_ubatch: int = 512  # physical batch, tokens
     n_threads: int | None = None  # decode threads (None = physical cores)
     n_threads_batch: int | None = None  # prefill threads
@@ -167,7 +167,7 @@ def kv_layout(n_parallel: int) -> bool:
 
 def evaluate(spec, hw, *, n_ctx: int, n_parallel: int = 1, kv_type: str = "f16", n_gpu_layers: int = 0,
              n_cpu_moe: int = 0, flash_attn: bool | None = None, use_mmap: bool = True, n_ubatch: int = 512,
-             n_batch: int = 512, backend: str = "llamacpp", measurement: dict | None = None,
+             n_batch: int = 2048, backend: str = "llamacpp", measurement: dict | None = None,
              offload_kqv: bool = True, gpu_indices: tuple[int, ...] | None = None,
              kv_unified: bool | None = None) -> Plan:
     """Memory per tier, fits, and predicted speed of ONE configuration (no search).

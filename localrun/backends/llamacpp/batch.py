@@ -68,7 +68,7 @@ class BatchStep:
         Either a decode batch (one token for every sequence that is generating, ordered by sequence id)
         or a prefill batch: the next chunks of the waiting prompts, taken in turn (least recently prefilled
         first, a new prompt before all), as many as fit the step's budget (``prefill_budget``: ``n_batch``
-        tokens, or on the CPU ``prefill_chunk_decoding`` while others decode; ``_prefill_take``); while both
+        tokens, less while others decode; ``_prefill_take``); while both
         kinds are waiting they alternate, so a long prompt is prefilled in chunks, running streams keep
         flowing and prompts that arrive together are prefilled in the same steps (they start decoding
         together, as llama-server's batch of every waiting prompt does, tools/server ``update_slots``).
@@ -100,7 +100,7 @@ class BatchStep:
                 order.remove(filler)
                 order.insert(0, filler)
             self._steps += 1
-            budget = self.prefill_budget(bool(decoding))
+            budget = self.prefill_budget(len(decoding), len(waiting))
             for g in order:
                 take = self._prefill_take(g, n, budget, decoding)
                 if take is None:  # an image next in the first prompt: decoded alone (llamacpp/mtmd.py)
@@ -186,17 +186,23 @@ class BatchStep:
             spec.finish_step(decoding, k)
         return events
 
-    def prefill_budget(self, decoding: bool) -> int:
-        """Prompt tokens one prefill step takes in all: ``n_batch`` when nothing decodes, else
-        ``prefill_chunk_decoding`` (the whole ``n_batch`` with the weights on a GPU, where a step's time
-        hardly grows with its tokens; 128 on a CPU, where it grows with every token and the running streams
-        wait for the step)."""
-        return self.prefill_chunk_decoding if decoding else self.n_batch
+    def prefill_budget(self, n_decoding: int, n_waiting: int) -> int:
+        """Prompt tokens one prefill step takes in all, tokens: ``n_batch`` when nothing decodes; else
+        ``prefill_chunk_decoding`` (a GPU's ubatch; 128 on a CPU, where a step's time grows with every token
+        and the ``n_decoding`` running streams wait for it) for each running stream's worth of waiting prompts:
+        ``chunk × max(1, n_waiting / n_decoding)``, at most ``n_batch``. One stream decoding while fifteen
+        prompts wait (a burst of requests whose first arrived a moment early) gets one step for all fifteen,
+        one stall for it and none for them afterwards; sixteen streams decoding while one prompt waits get
+        chunks of 128 (the stall each step stays short)."""
+        if n_decoding <= 0:
+            return self.n_batch
+        share = self.prefill_chunk_decoding * max(1.0, n_waiting / n_decoding)
+        return int(min(self.n_batch, share))
 
     def _prefill_take(self, g: Generation, n: int, budget: int, decoding: Sequence[Generation]) -> int | None:
         """How many of ``g``'s next prompt tokens this prefill step takes, ``n`` tokens being in the batch
         already (tokens). The first prompt of a step (``n == 0``) takes up to ``n_batch`` and, while others
-        decode, at most ``prefill_chunk_decoding`` unless that would leave under 32 (a chunk that small is
+        decode, at most ``budget`` unless that would leave under 32 (a chunk that small is
         computed by other kernels, which round differently: outputs stay equal to a solo run's); a later one
         takes what is left of ``budget``, only in pieces of 32 or more that leave 32 or more (else nothing:
         0). Stops at a KV-tier boundary (``snapshot_at``) and where a checkpoint is taken (recurrent layers).
@@ -209,10 +215,10 @@ class BatchStep:
             left = nxt - g.n_prompt_done
         if n == 0:
             take = min(self.n_batch, left)
-            if decoding and self.prefill_chunk_decoding < take:
+            if decoding and budget < take:
                 # streams are waiting on this chunk: a smaller one bounds their stall (on a CPU a prompt
                 # token costs the same in a chunk of 64 or 512)
-                take = self.prefill_chunk_decoding if left - self.prefill_chunk_decoding >= 32 else take
+                take = budget if left - budget >= 32 else take
         else:
             room = min(budget, self.n_batch) - n
             take = min(left, room)
