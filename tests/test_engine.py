@@ -304,3 +304,24 @@ def test_prompt_chunks_shrink_while_others_decode(smollm_path):
         assert long_g.generated == solo["long"] and short_g.generated == solo["short"]
     finally:
         eng.close()
+
+
+def test_plain_greedy_argmax_equals_llama_cpp_greedy_sampler(smollm_engine):
+    """A greedy request with nothing else in its chain takes the logits row's argmax in Python
+    (``sampling.plain_greedy``); a logit bias of 0.0 changes no logit but puts llama.cpp's own chain (bias,
+    greedy) back in charge. The two paths pick the same 48 tokens, from the same logits."""
+    from localrun.backends.llamacpp.sampling import plain_greedy
+
+    eng = smollm_engine
+    toks = eng.tokenize("Once upon a time, in a small village by the sea, there lived an old lighthouse keeper who")
+    plain = SamplingParams(temperature=0, max_tokens=48)
+    chain = SamplingParams(temperature=0, max_tokens=48, logit_bias={eng.tokenize("zebra", add_special=False)[0]: 0.0})
+    assert plain_greedy(plain) and not plain_greedy(chain)
+    out = {}
+    for name, p in (("plain", plain), ("chain", chain)):
+        g = eng.start(toks, p, slot=eng.slots[0])
+        assert g.greedy == (name == "plain")
+        _run_to_end(eng, [g])
+        eng.release(g, keep_kv=False)
+        out[name] = list(g.generated)
+    assert len(out["plain"]) > 8 and out["plain"] == out["chain"]

@@ -316,7 +316,9 @@ class BatchStep:
         else:
             if ctl is not None:
                 self._apply_mask(idx, ctl.mask())
-            if pick is None:
+            if pick is None and g.greedy:  # the chain is greedy alone (sampling.plain_greedy): its argmax
+                tok = int(self.logits_row(idx).argmax())
+            elif pick is None:
                 tok = C.llama_sampler_sample(g.sampler, self.ctx, idx)
             else:
                 tok = pick(idx)

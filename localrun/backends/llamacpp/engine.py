@@ -34,6 +34,7 @@ from localrun.backends.llamacpp.batch import AbortFlag, BatchStep
 from localrun.backends.llamacpp.lib import LlamaLog, import_llama, last_errors
 from localrun.backends.llamacpp.params import context_params, load_model, model_params, new_context
 from localrun.backends.llamacpp.placement import SlotPlacement
+from localrun.backends.llamacpp.sampling import plain_greedy
 from localrun.backends.llamacpp.seq import Generation, Slot
 from localrun.backends.llamacpp.ubatch import StepTotals, UbatchCounter
 from localrun.backends.text import TextStream, common_prefix
@@ -342,7 +343,7 @@ class LlamaCppEngine(BatchStep, SlotPlacement):
         return Generation(slot=slot, prompt=prompt, params=params, sampler=sampler, n_prompt_done=n_keep,
                           cached_tokens=n_keep, t_start=time.perf_counter(), stream=TextStream(params, self.n_ctx),
                           control=control, spec=spec, snapshot_at=snap_at, checkpoint_marks=marks,
-                          images=images or None)
+                          images=images or None, greedy=plain_greedy(params))
 
     def _cut(self, slot: Slot, n_keep: int, n_prompt: int) -> int:
         """Cut ``slot``'s sequence back to its first ``n_keep`` tokens, or fewer where the cache cannot cut

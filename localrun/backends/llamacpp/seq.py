@@ -52,6 +52,7 @@ class Generation:
     snapshot_at: int = 0  # prompt position where the prefill stops for a KV-tier snapshot (kv_cache.boundary_in)
     checkpoint_marks: tuple[int, ...] = ()  # prompt positions for context checkpoints (llamacpp/checkpoints.py)
     images: list[tuple[int, int]] | None = None  # (start, end) of each image in prompt (llamacpp/mtmd.py)
+    greedy: bool = False  # the sampler chain is greedy alone: the step takes the row's argmax (sampling.plain_greedy)
 
     @property
     def done(self) -> bool:
