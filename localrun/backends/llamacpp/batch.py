@@ -119,7 +119,7 @@ class BatchStep:
                 if pos0 + take == len(g.prompt):
                     batch.logits[n - 1] = 1
                     outputs.append((g, n - 1))
-                if n >= budget:
+                if n >= self.n_batch:
                     break
             decoding = []
             self._prefill_turn = False
@@ -204,6 +204,8 @@ class BatchStep:
         already (tokens). The first prompt of a step (``n == 0``) takes up to ``n_batch`` and, while others
         decode, at most ``budget`` unless that would leave under 32 (a chunk that small is
         computed by other kernels, which round differently: outputs stay equal to a solo run's); a later one
+        is taken whole when it is short (at most ``prefill_chunk_decoding`` left) and fits in ``n_batch``, so a
+        burst of short prompts stalls the running streams once, not once per budget's worth; a longer one
         takes what is left of ``budget``, only in pieces of 32 or more that leave 32 or more (else nothing:
         0). Stops at a KV-tier boundary (``snapshot_at``) and where a checkpoint is taken (recurrent layers).
         None: an image comes next in the first prompt (the caller decodes it alone)."""
@@ -219,6 +221,8 @@ class BatchStep:
                 # streams are waiting on this chunk: a smaller one bounds their stall (on a CPU a prompt
                 # token costs the same in a chunk of 64 or 512)
                 take = budget if left - budget >= 32 else take
+        elif left <= self.prefill_chunk_decoding and n + left <= self.n_batch:
+            take = left  # a short prompt is taken whole: it starts decoding with the others, one stall for all
         else:
             room = min(budget, self.n_batch) - n
             take = min(left, room)
