@@ -75,6 +75,14 @@ CPU_WIDE_GWEIGHTS_PER_CORE = 6.8
 CPU_WIDE_PREFILL_FACTOR = 0.59
 CPU_UNPACKED_PREFILL_FACTOR = 0.45
 CPU_PREFILL_FACTOR_BY_TYPE = {"Q4_1": 0.25, "Q5_0": 0.55}
+# Routed experts of a repacked type (an MoE's ``*_exps`` tensors, multiplied by GGML_OP_MUL_MAT_ID): the repacked
+# MUL_MAT_ID takes the prompt's rows one at a time with a GEMV (ggml-cpu/repack.cpp ``forward_mul_mat_id``),
+# not the GEMM its MUL_MAT uses, so they reach this share of the repacked GFLOP/s in prefill. Experts of other
+# types go block by block either way (ggml-cpu.c ``ggml_compute_forward_mul_mat_id``): their type's factor.
+# Taken as the unpacked types' factor (the same row-at-a-time kind of work), not fitted: benches/fit_speed.py's
+# qwen35moe row (32 experts, 4 used, Q4_K_M) then estimates prefill at 1.06/1.12 of measured at 1/2 threads
+# (1.30/1.39 while the experts counted as repacked GEMM), 2026-12-05; one MoE layout only.
+CPU_REPACKED_EXPERT_PREFILL_FACTOR = CPU_UNPACKED_PREFILL_FACTOR
 CPU_TENSOR_PREFILL_CORE_S = 4e-6
 # Per layer and decoded token, beyond its matrices: ``CPU_TENSOR_S`` seconds per tensor of the layer, which more
 # threads do not shorten (a tensor is roughly one graph node, with its small ops: norms, RoPE, activations, a short
@@ -218,7 +226,8 @@ def weight_shares(spec) -> dict:
             acc[phase][c + "_w"] = acc[phase].get(c + "_w", 0.0) + t.n_elements * f
             acc[phase][c + "_b"] = acc[phase].get(c + "_b", 0.0) + t.n_bytes * f
         if not output:
-            key = "type:" + t.type_name.upper()
+            experts = "_exps" in t.name and c == "repacked"  # a GEMV per prompt row (CPU_REPACKED_EXPERT_…)
+            key = "type:" + (EXPERT_GEMV if experts else t.type_name.upper())
             acc["prefill"][key] = acc["prefill"].get(key, 0.0) + t.n_elements * f
     for d in acc.values():
         for unit in ("_w", "_b", "type:"):
@@ -285,7 +294,12 @@ def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, byte
     return extra
 
 
+EXPERT_GEMV = "EXPERTS(GEMV)"  # weight_shares' prefill key for routed experts of a repacked type
+
+
 def _prefill_factor(type_name: str) -> float:
+    if type_name == EXPERT_GEMV:
+        return CPU_REPACKED_EXPERT_PREFILL_FACTOR
     c = type_class(type_name)
     if c == "repacked":
         return 1.0
