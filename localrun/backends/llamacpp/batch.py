@@ -201,7 +201,7 @@ class BatchStep:
 
     def _prefill_take(self, g: Generation, n: int, budget: int, decoding: Sequence[Generation]) -> int | None:
         """How many of ``g``'s next prompt tokens this prefill step takes, ``n`` tokens being in the batch
-        already (tokens). The first prompt of a step (``n == 0``) takes up to ``n_batch`` and, while others
+        already (tokens). The first prompt of a step (``n == 0``) takes up to a ubatch (``n_ubatch``) and, while others
         decode, at most ``budget`` unless that would leave under 32 (a chunk that small is
         computed by other kernels, which round differently: outputs stay equal to a solo run's); a later one
         is taken whole when it is short (at most ``prefill_chunk_decoding`` left) and fits in ``n_batch``, so a
@@ -216,7 +216,10 @@ class BatchStep:
                 return None if n == 0 else 0
             left = nxt - g.n_prompt_done
         if n == 0:
-            take = min(self.n_batch, left)
+            # one prompt's chunk is at most a ubatch (512): a bigger one computes no faster (llama.cpp splits it
+            # into ubatches) and a request that arrives meanwhile would wait for all of it; n_batch bounds the
+            # step's prompts together
+            take = min(self.n_ubatch, self.n_batch, left)
             if decoding and budget < take:
                 # streams are waiting on this chunk: a smaller one bounds their stall (on a CPU a prompt
                 # token costs the same in a chunk of 64 or 512)
@@ -225,7 +228,7 @@ class BatchStep:
             take = left  # a short prompt is taken whole: it starts decoding with the others, one stall for all
         else:
             room = min(budget, self.n_batch) - n
-            take = min(left, room)
+            take = min(left, room, self.n_ubatch)
             if take < left and left - take < 32:
                 take = left - 32
             if take < left and take < 32:
