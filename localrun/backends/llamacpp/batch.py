@@ -72,10 +72,10 @@ class BatchStep:
         kinds are waiting they alternate, so a long prompt is prefilled in chunks, running streams keep
         flowing and prompts that arrive together are prefilled in the same steps (they start decoding
         together, as llama-server's batch of every waiting prompt does, tools/server ``update_slots``).
-        Not putting decode tokens in a prefill batch matters with one KV stream per sequence:
-        llama.cpp then splits a batch into equal per-sequence parts over consecutive sequence ids
-        (llama-batch.cpp split_equal), which would cut a prompt mixed with decode tokens into one-token
-        pieces. It also keeps a prompt's arithmetic the same whether or not other requests are running.
+        Decode tokens are not put in a prefill batch: with one KV stream per sequence llama.cpp splits a batch
+        into equal per-sequence parts over consecutive sequence ids (llama-batch.cpp split_equal), so the
+        decode tokens would take a ubatch (a pass over the weights) of their own with one token of each prompt,
+        and the prompts' rest others: no pass saved, and a prompt's arithmetic would depend on what else runs.
         """
         batch = self._batch
         n = 0
