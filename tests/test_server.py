@@ -4,6 +4,7 @@ real `openai` client and raw httpx for the Ollama endpoints and the bad inputs."
 from __future__ import annotations
 
 import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -148,10 +149,13 @@ def test_bad_input_gets_4xx_and_server_keeps_serving(http, client, desc, headers
     assert chat(client, "Say OK.", max_tokens=4)
 
 
-def test_openai_client_sees_context_length_exceeded(client):
-    with pytest.raises(openai.BadRequestError) as ei:
+def test_openai_client_sees_context_length_exceeded(client, caplog):
+    with caplog.at_level(logging.INFO, logger="localrun.server"), pytest.raises(openai.BadRequestError) as ei:
         chat(client, "word " * (N_CTX + 10), max_tokens=4)
     assert ei.value.code == "context_length_exceeded"
+    # the per-request log line says why it was refused (an operator reading the log of an agent's session)
+    lines = [r.getMessage() for r in caplog.records if "POST /v1/chat/completions 400" in r.getMessage()]
+    assert lines and lines[-1].endswith("error=context_length_exceeded"), lines
 
 
 def test_api_key_required(server, http):

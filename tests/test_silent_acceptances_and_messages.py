@@ -1,5 +1,5 @@
-"""Silent acceptances and misleading messages (issue 34, items 1's default, 3 and 4), each read as the user
-or HTTP client sees it. No model loads here."""
+"""Silent acceptances and misleading messages (a default nobody was told, a value taken without a word),
+each read as the user or HTTP client sees it. No model loads here."""
 
 from __future__ import annotations
 
