@@ -38,6 +38,7 @@ def test_dry_run_shows_the_server_the_environment_and_the_client(isolated_home):
     assert 'base_url="http://127.0.0.1:11999/v1"' in r.stdout and 'wire_api="responses"' in r.stdout
     assert r.stdout.rstrip().endswith("exec hi")
     assert 'web_search="disabled"' in r.stdout  # a hosted tool the local server cannot run is turned off
+    assert "model_context_window=32768" in r.stdout  # Codex has no metadata for a local model: told the window
 
 
 def test_dry_run_sees_a_server_already_on_the_port(isolated_home):

@@ -88,7 +88,8 @@ def run_launch(client: str, *, model: str | None = None, port: int | None = None
                             f"context; {c.name} needs {need}",
                             hint=f"stop it, or use another --port (launch then starts one with --ctx {need})")
     model_id = running["id"] if running else (Path(model).stem if model else "localrun")
-    env, args = client_setup(client, base, key, model_id, settings.home, write=write_config)
+    env, args = client_setup(client, base, key, model_id, settings.home, write=write_config,
+                             n_ctx=(running or {}).get("n_ctx") or need)
     cmd = [binary or c.binary, *args, *client_args]
     if dry_run:
         typer.echo(f"server: {'running at ' + base if running else shlex.join(serve_cmd)}")
@@ -111,9 +112,13 @@ def run_launch(client: str, *, model: str | None = None, port: int | None = None
 
 
 def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
-                 write: bool = False) -> tuple[dict[str, str], list[str]]:
+                 write: bool = False, n_ctx: int | None = None) -> tuple[dict[str, str], list[str]]:
     """(environment, leading arguments) that point ``client`` at the server at ``base``; with ``write``,
-    the client's own configuration file gets the same settings (``write_client_config``)."""
+    the client's own configuration file gets the same settings (``write_client_config``). ``n_ctx`` (tokens,
+    the server's context per sequence) is told to Codex as ``model_context_window`` (its config key for the
+    window; for a model it has no metadata for it otherwise assumes its fallback metadata's, not the
+    server's). Past the window the server answers OpenAI's ``context_length_exceeded``, which Codex reports
+    as "ran out of room in the model's context window"."""
     if write:
         write_client_config(client, base, key, model_id)
     if client == "claude":
@@ -124,6 +129,8 @@ def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
         # hosted tools (web search) cannot run on a local server: the server would leave them out anyway
         args = ["-c", "model_provider=localrun", "-c", f"model_providers.localrun={provider}", "-c",
                 'web_search="disabled"', "-m", model_id]
+        if n_ctx:
+            args[-2:-2] = ["-c", f"model_context_window={int(n_ctx)}"]
         return {"LOCALRUN_API_KEY": key}, args
     if client == "qwen":  # Qwen Code's OpenAI provider (its docs: "Authentication → OpenAI-compatible API")
         return {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": f"{base}/v1", "OPENAI_MODEL": model_id}, \
