@@ -17,7 +17,9 @@ GiB = 1 << 30
 
 
 KV_LAYERS = {"qwen3.6-27b": 16, "qwen3.6-35b-a3b": 10, "gemma-4-e4b": 42 - 18, "lfm2-1.2b": 6, "lfm2-2.6b": 8,
-             "qwen3.5-9b": 8, "qwen3.5-4b": 8, "nemotron-nano-9b-v2": 4}
+             "qwen3.5-9b": 8, "qwen3.5-4b": 8, "nemotron-nano-9b-v2": 4,
+             "granite-4.0-h-micro": 4, "granite-4.0-h-tiny": 4, "granite-4.0-h-small": 4, "granite-4.0-h-1b": 4,
+             "granite-4.0-h-350m": 4}
 
 
 @pytest.mark.parametrize("name", list(KV_LAYERS))
