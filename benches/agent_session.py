@@ -26,7 +26,7 @@ drifts hit both. Printed: each turn's TTFT ratio localrun / llama-server. The go
     python benches/agent_session.py [--model PATH] [--api openai|anthropic] [--tools system|request]
                                     [--flash-attn default|on|off] [--threads N] [--ctx 8192]
                                     [--max-tokens 48] [--llama-server PATH] [--agent-tokens N]
-                                    [--chat-template NAME]
+                                    [--chat-template NAME] [--replies server|script]
 
 Agent size (the issue's case: prompts of 15–30k tokens that grow a little each turn):
 ``--model GEMMA.gguf --chat-template gemma --ctx 32768 --agent-tokens 16000``; the workload is in
@@ -259,6 +259,11 @@ def main() -> None:
     ap.add_argument("--chat-template", default=None, help="both servers' chat template: a Jinja file (llama-server: "
                                                           "--chat-template-file) or a built-in name; the packaged "
                                                           "Gemma-3-270M's file has none (tests/templates/gemma3.jinja)")
+    ap.add_argument("--replies", choices=("server", "script"), default="server",
+                    help="the assistant turns appended: each server's own answer (an agent's case; the two "
+                         "conversations then differ) or the script's tool call for both (the same prompts on both "
+                         "servers, so each turn's TTFT ratio compares like with like; each server must cut its "
+                         "cache back past the answer it generated)")
     args = ap.parse_args()
     from localrun.store.resolve import default_model_path
 
@@ -268,7 +273,8 @@ def main() -> None:
         args.threads = 1 if os.getloadavg()[0] > (os.cpu_count() or 1) else (os.cpu_count() or 1)
     print(f"agent_session: {model.name}, {args.api} API, tools in the {args.tools}, {TURNS} turns, ctx {args.ctx}, "
           f"threads {args.threads}, flash attention {args.flash_attn}, "
-          f"max_tokens {args.max_tokens}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
+          f"max_tokens {args.max_tokens}, replies {args.replies}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
           + ("" if peer_bin else f"; llama-server comparison skipped: {why}"), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         home = Path(tmp)
@@ -287,8 +293,8 @@ def main() -> None:
                     sess = sessions[s.name]
                     r = sess.turn()
                     rows.setdefault(s.name, []).append(r)
-                    if k < len(STEPS):
-                        sess.append(r, STEPS[k])
+                    if k < len(STEPS):  # --replies script: both servers' conversations stay the same
+                        sess.append(r if args.replies == "server" else {"text": "", "calls": []}, STEPS[k])
                 line = [f"turn {k + 1}:"]
                 for s in servers:
                     r = rows[s.name][k]
