@@ -118,13 +118,15 @@ class Session:
         else:
             cached = usage.get("cache_read_input_tokens")
             prompt = usage.get("input_tokens", 0) + (cached or 0)
+        completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
         if cached is None and timings:  # llama-server's own count
             cached = int(timings.get("cache_n", 0))
         # the server's own TTFT: localrun's /metrics (arrival → first token), llama-server's prompt eval time
         server = self.ttft_sum() - before if self.metrics else (
             timings["prompt_ms"] / 1000 if timings.get("prompt_ms") is not None else None)
         return {"ttft": first if first is not None else wall, "prompt": prompt, "cached": cached or 0,
-                "text": "".join(text), "calls": list(calls.values()), "wall": wall, "server_ttft": server}
+                "text": "".join(text), "calls": list(calls.values()), "wall": wall, "server_ttft": server,
+                "completion": completion}
 
     def _event(self, ev: dict, text: list, calls: dict, usage: dict) -> bool:
         """Fold one streamed event in; True when it carries generated output."""
@@ -197,6 +199,18 @@ class Session:
         self.messages.append({"role": "user", "content": blocks + ([{"type": "text", "text": user}] if user else [])})
 
 
+    def append_text(self, step: tuple) -> None:
+        """The script's step as plain text (``--replies script``): the assistant's turn names the call it
+        makes, the tool's result and the next message come as the user's turn. No tool-call syntax, so both
+        servers render the same prompt whatever their chat templates do with tool calls (llama-server's
+        rendering of SmolLM2's template drops an assistant's ``tool_calls``; localrun's generic format keeps
+        them)."""
+        (name, args), result, user = step
+        self.messages.append({"role": "assistant", "content": f"Calling {name} with {json.dumps(args)}."})
+        self.messages.append({"role": "user", "content": f"Result of {name}:\n{result}" + (f"\n\n{user}"
+                                                                                            if user else "")})
+
+
 def _json_or_raw(s: str):
     try:
         v = json.loads(s or "{}")
@@ -261,9 +275,9 @@ def main() -> None:
                                                           "Gemma-3-270M's file has none (tests/templates/gemma3.jinja)")
     ap.add_argument("--replies", choices=("server", "script"), default="server",
                     help="the assistant turns appended: each server's own answer (an agent's case; the two "
-                         "conversations then differ) or the script's tool call for both (the same prompts on both "
-                         "servers, so each turn's TTFT ratio compares like with like; each server must cut its "
-                         "cache back past the answer it generated)")
+                         "conversations then differ) or the script's step as plain text for both (the same prompts "
+                         "on both servers, so each turn's TTFT ratio compares like with like; each server must cut "
+                         "its cache back past the answer it generated)")
     args = ap.parse_args()
     from localrun.store.resolve import default_model_path
 
@@ -293,8 +307,11 @@ def main() -> None:
                     sess = sessions[s.name]
                     r = sess.turn()
                     rows.setdefault(s.name, []).append(r)
-                    if k < len(STEPS):  # --replies script: both servers' conversations stay the same
-                        sess.append(r if args.replies == "server" else {"text": "", "calls": []}, STEPS[k])
+                    if k < len(STEPS):
+                        if args.replies == "server":
+                            sess.append(r, STEPS[k])
+                        else:  # the same text on both servers: no tool-call syntax for a template to render
+                            sess.append_text(STEPS[k])
                 line = [f"turn {k + 1}:"]
                 for s in servers:
                     r = rows[s.name][k]
@@ -311,7 +328,9 @@ def main() -> None:
                 if peer_bin:
                     a, b = rows[servers[0].name][k], rows[servers[1].name][k]
                     line.append(f"TTFT localrun/llama-server {_ratio(a['server_ttft'], b['server_ttft'])} "
-                                f"(first delta {a['ttft'] / b['ttft']:.2f}×)")
+                                f"(first delta {a['ttft'] / b['ttft']:.2f}×; the whole turn "
+                                f"{a['wall'] / b['wall']:.2f}×, {a['wall']:.1f} s vs {b['wall']:.1f} s, "
+                                f"{a['completion']} vs {b['completion']} tokens written)")
                 print("  " + " ".join(line), flush=True)
         except Exception:
             for s in servers:
@@ -341,6 +360,10 @@ def main() -> None:
         print("  TTFT localrun / llama-server per turn (server side): "
               + " ".join(_ratio(x["server_ttft"], y["server_ttft"]) for x, y in zip(a, b))
               + "; first streamed delta: " + " ".join(f"{x['ttft'] / y['ttft']:.2f}×" for x, y in zip(a, b)))
+        print("  the whole turn (request → last byte), localrun / llama-server: "
+              + " ".join(f"{x['wall'] / y['wall']:.2f}×" for x, y in zip(a, b))
+              + f"; the session {sum(x['wall'] for x in a):.1f} s vs {sum(y['wall'] for y in b):.1f} s "
+              f"({sum(x['wall'] for x in a) / max(1e-9, sum(y['wall'] for y in b)):.2f}×)")
 
 
 def _s(x: float | None) -> str:
