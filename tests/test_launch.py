@@ -74,6 +74,8 @@ def test_each_client_is_pointed_at_the_server_without_touching_its_files(tmp_pat
     base = "http://127.0.0.1:11500"
     env, args = client_setup("claude", base, "k", "smollm", tmp_path)
     assert env["ANTHROPIC_BASE_URL"] == base and env["ANTHROPIC_MODEL"] == "smollm" and args == []
+    env, _ = client_setup("claude", base, "k", "smollm", tmp_path, n_ctx=32768)
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "32768"  # Claude compacts before the server's window fills
     env, args = client_setup("codex", base, "k", "smollm", tmp_path)
     assert args[:2] == ["-c", "model_provider=localrun"] and args[-2:] == ["-m", "smollm"]
     env, args = client_setup("qwen", base, "k", "smollm", tmp_path)

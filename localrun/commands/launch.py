@@ -117,13 +117,18 @@ def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
     the client's own configuration file gets the same settings (``write_client_config``). ``n_ctx`` (tokens,
     the server's context per sequence) is told to Codex as ``model_context_window`` (its config key for the
     window; for a model it has no metadata for it otherwise assumes its fallback metadata's, not the
-    server's). Past the window the server answers OpenAI's ``context_length_exceeded``, which Codex reports
-    as "ran out of room in the model's context window"."""
+    server's) and to Claude Code as ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` (read by 2.1.197 and 2.1.332: it
+    compacts the conversation before that window fills, not the window it assumes for an unknown model). Past the
+    window the server answers OpenAI's ``context_length_exceeded`` (Codex: "ran out of room in the model's
+    context window") or Anthropic's "prompt is too long"."""
     if write:
         write_client_config(client, base, key, model_id)
     if client == "claude":
-        return {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": model_id,
-                "ANTHROPIC_SMALL_FAST_MODEL": model_id}, []
+        env = {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": model_id,
+               "ANTHROPIC_SMALL_FAST_MODEL": model_id}
+        if n_ctx:  # Claude Code's auto-compaction works against min(this, the window it assumes for the model)
+            env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(int(n_ctx))
+        return env, []
     if client == "codex":
         provider = f'{{name="localrun", base_url="{base}/v1", wire_api="responses", env_key="LOCALRUN_API_KEY"}}'
         # hosted tools (web search) cannot run on a local server: the server would leave them out anyway
