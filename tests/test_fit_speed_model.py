@@ -77,3 +77,39 @@ def test_a_recurrent_layers_state_is_read_and_written_once_per_token(tmp_path, s
     with_state = S.cpu_decode_overhead_s(tier, spec.n_layer, 0, 0, "F32", spec)
     per_tensor = S.CPU_TENSOR_S * S.weight_shares(spec)["tensors_per_layer"] * spec.n_layer
     assert with_state - per_tensor == pytest.approx(2 * state / (S.CPU_GBPS_PER_CORE * 1e9))
+
+
+@pytest.mark.model  # llama.cpp's quantizer
+def test_an_amx_cpu_repacks_only_the_named_weights(tmp_path, deepseek_header_path, monkeypatch):
+    """On a CPU that advertises AMX localrun names CPU_REPACK for attention and dense-FFN matrices alone
+    (backends/llamacpp/lib.py ``repack_patterns``): an MoE's Q4_K experts and shared expert stay plain and are
+    charged the vec_dot rate (``CPU_UNREPACKED_GWEIGHTS_PER_CORE``), a Qwen2-7B's weights are all named and
+    cost the same either way. A tiny qwen35moe, 256 wide so its matrices take K-quants, quantized to Q4_K_M by
+    llama.cpp's own quantizer."""
+    from tiny_layouts import write_qwen35moe
+
+    from localrun.backends.llamacpp.lib import import_llama
+
+    monkeypatch.delenv("LOCALRUN_ALLOW_AMX", raising=False)
+    monkeypatch.delenv("LOCALRUN_NO_REPACK", raising=False)
+    _, C = import_llama()
+    f32 = write_qwen35moe(tmp_path / "moe-f32.gguf", n_embd=256, n_ff_exp=256, n_ff_shexp=256, tokenizer_from=False)
+    q = tmp_path / "moe-q4km.gguf"
+    p = C.llama_model_quantize_default_params()
+    p.ftype, p.nthread = 15, 1  # LLAMA_FTYPE_MOSTLY_Q4_K_M (llama.h)
+    assert C.llama_model_quantize(str(f32).encode(), str(q).encode(), p) == 0
+    spec = read_gguf(q)
+    assert any(t.type_name == "Q4_K" and "_exps" in t.name for t in spec.tensors)
+    named, every = S.weight_shares(spec, "named")["decode"], S.weight_shares(spec, "all")["decode"]
+    assert not any(k.startswith("unrepacked_") for k in every)
+    assert named["unrepacked_Q4_K_w"] > 0.3  # experts, shared expert, attn_gate, ssm_out
+    assert named["repacked_w"] + named["unrepacked_Q4_K_w"] == pytest.approx(every["repacked_w"])
+    amx = CpuInfo(model="test", arch="x86_64", physical_cores=1, logical_cores=1, simd=["AVX2", "AVX512F", "AMX"])
+    hw = dataclasses.replace(_cpu_only(1), cpu=amx)
+    tier = S.cpu_tier(hw)
+    assert tier.repack == "named" and S.cpu_tier(_cpu_only(1)).repack == "all"
+    rd = S.weights_read_per_token(spec)
+    args = (spec.n_layer, rd["cpu_params"], rd["cpu"], "Q4_K_M", spec)
+    assert S.cpu_decode_overhead_s(tier, *args) > S.cpu_decode_overhead_s(S.cpu_tier(_cpu_only(1)), *args)
+    big = read_gguf(deepseek_header_path)
+    assert S.weight_shares(big, "named")["decode"] == S.weight_shares(big, "all")["decode"]

@@ -2,7 +2,8 @@
 
 decode s/token = Σ_tiers (bytes read per token on the tier / effective bandwidth of the tier)
                  + the CPU's fixed costs (``cpu_decode_overhead_s``: per layer tensor, and a compute floor for
-                 the weight types llama.cpp does not repack), when the CPU tier comes from the table
+                 the weights llama.cpp does not repack: by type, and on a CPU that advertises AMX the ones
+                 localrun leaves out of CPU_REPACK), when the CPU tier comes from the table
     bytes read per token = the weights active per token (all dense weights; only n_expert_used/n_expert of
     the expert tensors) + the KV cache read for the context in use;
 prefill tok/s = effective FLOP/s / (2 × active params) (the standard 2·N FLOPs per token, Kaplan et al.
@@ -21,6 +22,7 @@ tier's effective bandwidth already folds the fixed costs in.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -69,6 +71,19 @@ REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 WIDE_TYPES = ("Q8_0", "F16", "BF16", "F32")
 CPU_UNPACKED_GWEIGHTS_PER_CORE = 18.0
 CPU_WIDE_GWEIGHTS_PER_CORE = 6.8
+# Which weights of a ``REPACKED_TYPES`` type are repacked depends on how localrun loads them
+# (backends/llamacpp/lib.py ``weight_placement``; ``Tier.repack``): "all", llama.cpp's own choice (every such
+# matmul weight, an MoE's 3-D experts included: repack.cpp ``forward_mul_mat_id``), unless the CPU advertises
+# AMX; then localrun turns the extra buffer types off and names CPU_REPACK for ``repack_patterns``' kinds alone
+# ("named": attention and dense FFN matrices). The rest (a gated delta-net's attn_gate and ssm_out, an MoE's
+# ``*_exps`` and ``*_shexp``, a short-conv's projections) stay plain and are multiplied row by row with
+# ``ggml_vec_dot_q4_K_q8_K`` (ggml-cpu.c ``ggml_compute_forward_mul_mat`` / ``_mul_mat_id_one_chunk``), which is
+# compute-bound below their bytes' rate: this many G weights/s a core (Q4_K: perf on the qwen35moe layout of
+# benches/fit_speed.py at 1 thread, 25.4 ms of vec_dot for 265 M weights a token, 10.4; 10.6 on the dense qwen35.
+# Not fitted. Check: the same file decoded 8.3-12.8 ms a token faster at 1 thread, 4.4 ms at 2, with every Q4_K
+# matrix named to CPU_REPACK; this rate charges 9.5 and 4.8 ms. 2-core Xeon, 2026-12-05; docs/fit.md).
+# Other types: ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` (not measured unrepacked).
+CPU_UNREPACKED_GWEIGHTS_PER_CORE = {"Q4_K": 10.5}
 # Prefill: weights not repacked reach this share of the repacked GFLOP/s, per type (Q8_0 1B/3B: 143-150 GFLOP/s on
 # 2 cores against 248-260; Q4_1: SmolLM2-135M; Q5_0: Gemma-3-270M; other types, e.g. the Q6_K tensors of Q4_K_M
 # files: ``CPU_UNPACKED_PREFILL_FACTOR``)
@@ -79,7 +94,9 @@ CPU_PREFILL_FACTOR_BY_TYPE = {"Q4_1": 0.25, "Q5_0": 0.55}
 # MUL_MAT_ID takes the prompt's rows one at a time with a GEMV (ggml-cpu/repack.cpp ``forward_mul_mat_id``),
 # not the GEMM its MUL_MAT uses, so they reach this share of the repacked GFLOP/s in prefill. Experts of other
 # types go block by block either way (ggml-cpu.c ``ggml_compute_forward_mul_mat_id``): their type's factor.
-# Taken as the unpacked types' factor (the same row-at-a-time kind of work), not fitted: benches/fit_speed.py's
+# Taken as the unpacked types' factor (the same row-at-a-time kind of work), not fitted. (On the AMX Xeon of that
+# row the experts are not repacked at all, ``CPU_UNREPACKED_GWEIGHTS_PER_CORE``: they take ggml-cpu.c's
+# vec_dot path, row-at-a-time work too.) benches/fit_speed.py's
 # qwen35moe row (32 experts, 4 used, Q4_K_M) then estimates prefill at 1.06/1.12 of measured at 1/2 threads
 # (1.30/1.39 while the experts counted as repacked GEMM), 2026-12-05; one MoE layout only.
 CPU_REPACKED_EXPERT_PREFILL_FACTOR = CPU_UNPACKED_PREFILL_FACTOR
@@ -110,6 +127,17 @@ class Tier:
     gflops: float
     source: str = "table"  # "table" | "measured (hw --measure, 2026-…)"
     cores: int = 0  # the CPU tier's cores (its per-core fixed costs); 0 elsewhere
+    repack: str = "all"  # the CPU's repacked weights: "all" | "named" | "none" (``cpu_repack_mode``)
+
+
+def cpu_repack_mode(simd) -> str:
+    """Which weights of a repackable type llama.cpp repacks as localrun loads a model on a CPU with these
+    ``simd`` labels (machine/hardware.py ``probe_cpu``), after backends/llamacpp/lib.py ``weight_placement``:
+    "all" (llama.cpp chooses), "named" (the CPU advertises AMX: only ``repack_patterns``' kinds), "none" (AMX
+    and ``LOCALRUN_NO_REPACK``). ``LOCALRUN_ALLOW_AMX`` restores "all", as there."""
+    if "AMX" not in (simd or ()) or os.environ.get("LOCALRUN_ALLOW_AMX"):
+        return "all"
+    return "none" if os.environ.get("LOCALRUN_NO_REPACK") else "named"
 
 
 def gpu_tier(gpu) -> Tier:
@@ -136,7 +164,7 @@ def cpu_tier(hw, measurement: dict | None = None) -> Tier:
                 else MEMORY_TABLE["ddr5" if "AVX512F" in hw.cpu.simd else "ddr4"])
         bw = min(peak * EFFICIENCY["cpu"], CPU_GBPS_PER_CORE * cores)
     simd = next((s for s in ("AVX512F", "AVX2", "NEON") if s in hw.cpu.simd), "")
-    tier = Tier("cpu", bw, CPU_GFLOPS_PER_CORE[simd] * cores, cores=cores)
+    tier = Tier("cpu", bw, CPU_GFLOPS_PER_CORE[simd] * cores, cores=cores, repack=cpu_repack_mode(hw.cpu.simd))
     return _measured(tier, measurement) if measurement else tier
 
 
@@ -201,18 +229,22 @@ def type_class(type_name: str) -> str:
     return "repacked" if t in REPACKED_TYPES else "wide" if t in WIDE_TYPES else "unpacked"
 
 
-def weight_shares(spec) -> dict:
+def weight_shares(spec, repack: str = "all") -> dict:
     """Shares of the weights one decoded token reads (``"decode"``: the repeating layers and the output matmul)
     and one prompt token multiplies (``"prefill"``: the layers alone), per type class (``type_class``):
     ``{"decode": {"repacked_w", "repacked_b", "unpacked_w", …}, "prefill": {…}}``, ``_w`` of the weights,
     ``_b`` of the bytes, ``"type:Q4_1"``… of the prefill weights per ggml type, each set summing to 1 (1-D
     tensors, norms and biases, left out); and
-    ``"tensors_per_layer"``: tensors of ``blk.N``, all kinds, per layer. Cached on ``spec``."""
-    cached = spec.__dict__.get("_weight_shares")
-    if cached is not None:
-        return cached
+    ``"tensors_per_layer"``: tensors of ``blk.N``, all kinds, per layer. ``repack`` (``cpu_repack_mode``):
+    "named" or "none" moves the decode weights of a repackable type that stay plain to
+    ``"unrepacked_<TYPE>_w"``/``_b`` (``CPU_UNREPACKED_GWEIGHTS_PER_CORE``); prefill keeps the type classes (its
+    factors were fitted so). Cached on ``spec`` per ``repack``."""
+    cache = spec.__dict__.setdefault("_weight_shares", {})
+    if repack in cache:
+        return cache[repack]
     frac = (spec.n_expert_used / spec.n_expert) if spec.n_expert else 1.0
     tied = not spec.has_output_weight
+    named = _repacked_by_name(spec) if repack == "named" else None
     acc = {"decode": {}, "prefill": {}}
     for t in spec.tensors:
         if len(t.shape) < 2:
@@ -222,9 +254,11 @@ def weight_shares(spec) -> dict:
             continue
         f = frac if "_exps" in t.name else 1.0
         c = type_class(t.type_name)
+        plain = c == "repacked" and repack != "all" and not (named and named.search(t.name))
         for phase in ("decode",) if output else ("decode", "prefill"):
-            acc[phase][c + "_w"] = acc[phase].get(c + "_w", 0.0) + t.n_elements * f
-            acc[phase][c + "_b"] = acc[phase].get(c + "_b", 0.0) + t.n_bytes * f
+            k = f"unrepacked_{t.type_name.upper()}" if plain and phase == "decode" else c
+            acc[phase][k + "_w"] = acc[phase].get(k + "_w", 0.0) + t.n_elements * f
+            acc[phase][k + "_b"] = acc[phase].get(k + "_b", 0.0) + t.n_bytes * f
         if not output:
             experts = "_exps" in t.name and c == "repacked"  # a GEMV per prompt row (CPU_REPACKED_EXPERT_…)
             key = "type:" + (EXPERT_GEMV if experts else t.type_name.upper())
@@ -237,8 +271,17 @@ def weight_shares(spec) -> dict:
                 d[k] /= total
     acc["tensors_per_layer"] = sum(1 for t in spec.tensors if t.layer is not None) / max(1, spec.n_layer)
     acc["state_bytes"] = _state_bytes(spec)
-    spec.__dict__["_weight_shares"] = acc
+    cache[repack] = acc
     return acc
+
+
+def _repacked_by_name(spec):
+    """One regex matching the weights localrun names to CPU_REPACK on a CPU that advertises AMX
+    (backends/llamacpp/lib.py ``repack_patterns``, every layer on the CPU; AMX implies AVX2 and AVX-512)."""
+    from localrun.backends.llamacpp.lib import repack_patterns
+
+    pats = repack_patterns(spec, 0, has={"avx2": True, "avx512": True})
+    return re.compile("|".join(f"(?:{p})" for p in pats)) if pats else None
 
 
 def _state_bytes(spec) -> float:
@@ -251,9 +294,9 @@ def _state_bytes(spec) -> float:
         return 0.0
 
 
-def _shares(spec, quant: str, phase: str) -> dict[str, float]:
+def _shares(spec, quant: str, phase: str, repack: str = "all") -> dict[str, float]:
     if spec is not None and getattr(spec, "tensors", None):
-        return weight_shares(spec)[phase]
+        return weight_shares(spec, repack)[phase]
     main = _main_type(quant)  # no tensor table: the file type's main type for every weight
     c = type_class(main)
     return {c + "_w": 1.0, c + "_b": 1.0, "type:" + main: 1.0}
@@ -273,7 +316,9 @@ def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, byte
     and, for weights llama.cpp does not
     repack (ggml-cpu/repack.cpp), their compute floor where it exceeds their bandwidth time:
     ``max(0, weights / (rate × cores) - bytes / bandwidth)``, rate ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` or
-    ``CPU_WIDE_GWEIGHTS_PER_CORE`` G weights/s. The type of each weight comes from ``spec``'s tensor table
+    ``CPU_WIDE_GWEIGHTS_PER_CORE`` G weights/s; weights of a repackable type the tier's ``repack`` mode leaves
+    plain (an AMX CPU: MoE experts, shared experts, delta-net gates; ``weight_shares``) at
+    ``CPU_UNREPACKED_GWEIGHTS_PER_CORE``. The type of each weight comes from ``spec``'s tensor table
     (``weight_shares``; a Q4_K_M file holds Q6_K tensors, a 576- or 640-wide model's "Q4_K_M" is mostly
     Q5_0 since K-quant rows are 256-element blocks), else ``quant`` stands for all. 0 for a measured tier
     (its effective bandwidth folds these in) or no CPU layers."""
@@ -287,8 +332,11 @@ def cpu_decode_overhead_s(tier: Tier, n_layers_cpu: int, params_cpu: float, byte
         extra += 2 * state / (CPU_GBPS_PER_CORE * 1e9)
     if params_cpu <= 0:
         return extra
-    sh = _shares(spec, quant, "decode")
-    for c, rate in (("unpacked", CPU_UNPACKED_GWEIGHTS_PER_CORE), ("wide", CPU_WIDE_GWEIGHTS_PER_CORE)):
+    sh = _shares(spec, quant, "decode", tier.repack)
+    rates = [("unpacked", CPU_UNPACKED_GWEIGHTS_PER_CORE), ("wide", CPU_WIDE_GWEIGHTS_PER_CORE)]
+    rates += [(k[:-2], CPU_UNREPACKED_GWEIGHTS_PER_CORE.get(k[11:-2], CPU_UNPACKED_GWEIGHTS_PER_CORE))
+              for k in sh if k.startswith("unrepacked_") and k.endswith("_w")]
+    for c, rate in rates:
         w, b = params_cpu * sh.get(c + "_w", 0.0), bytes_cpu * sh.get(c + "_b", 0.0)
         extra += max(0.0, w / (rate * 1e9 * tier.cores) - b / (tier.bandwidth_gbps * 1e9))
     return extra
