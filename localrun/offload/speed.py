@@ -71,18 +71,17 @@ REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 WIDE_TYPES = ("Q8_0", "F16", "BF16", "F32")
 CPU_UNPACKED_GWEIGHTS_PER_CORE = 18.0
 CPU_WIDE_GWEIGHTS_PER_CORE = 6.8
-# Which weights of a ``REPACKED_TYPES`` type are repacked depends on how localrun loads them
-# (backends/llamacpp/lib.py ``weight_placement``; ``Tier.repack``): "all", llama.cpp's own choice (every such
-# matmul weight, an MoE's 3-D experts included: repack.cpp ``forward_mul_mat_id``), unless the CPU advertises
-# AMX; then localrun turns the extra buffer types off and names CPU_REPACK for ``repack_patterns``' kinds alone
-# ("named": attention and dense FFN matrices). The rest (a gated delta-net's attn_gate and ssm_out, an MoE's
-# ``*_exps`` and ``*_shexp``, a short-conv's projections) stay plain and are multiplied row by row with
-# ``ggml_vec_dot_q4_K_q8_K`` (ggml-cpu.c ``ggml_compute_forward_mul_mat`` / ``_mul_mat_id_one_chunk``), which is
-# compute-bound below their bytes' rate: this many G weights/s a core (Q4_K: perf on the qwen35moe layout of
-# benches/fit_speed.py at 1 thread, 25.4 ms of vec_dot for 265 M weights a token, 10.4; 10.6 on the dense qwen35.
-# Not fitted. Check: the same file decoded 8.3-12.8 ms a token faster at 1 thread, 4.4 ms at 2, with every Q4_K
-# matrix named to CPU_REPACK; this rate charges 9.5 and 4.8 ms. 2-core Xeon, 2026-12-05; docs/fit.md).
-# Other types: ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` (not measured unrepacked).
+# Which weights of a ``REPACKED_TYPES`` type are repacked depends on how localrun loads them (backends/llamacpp/lib.py
+# ``weight_placement``; ``Tier.repack``): "all", llama.cpp's own choice (every such matmul weight, an MoE's 3-D experts
+# included: repack.cpp ``forward_mul_mat_id``), unless the CPU advertises AMX; then localrun turns the extra buffer
+# types off and names CPU_REPACK for model/repack.py ``repack_patterns``' kinds alone ("named": attention and dense FFN
+# matrices). The rest (a gated delta-net's attn_gate and ssm_out, an MoE's ``*_exps`` and ``*_shexp``, a short-conv's
+# projections) stay plain and are multiplied row by row with ``ggml_vec_dot_q4_K_q8_K`` (ggml-cpu.c
+# ``ggml_compute_forward_mul_mat`` / ``_mul_mat_id_one_chunk``), which is compute-bound below their bytes' rate: this
+# many G weights/s a core (Q4_K: perf on the qwen35moe layout of benches/fit_speed.py at 1 thread, 25.4 ms of vec_dot
+# for 265 M weights a token, 10.4; 10.6 on the dense qwen35. Not fitted. Check: the same file decoded 8.3-12.8 ms a
+# token faster at 1 thread, 4.4 ms at 2, with every Q4_K matrix named to CPU_REPACK; this rate charges 9.5 and 4.8 ms.
+# 2-core Xeon, 2026-12-05; docs/fit.md). Other types: ``CPU_UNPACKED_GWEIGHTS_PER_CORE`` (not measured unrepacked).
 CPU_UNREPACKED_GWEIGHTS_PER_CORE = {"Q4_K": 10.5}
 # Prefill: weights not repacked reach this share of the repacked GFLOP/s, per type (Q8_0 1B/3B: 143-150 GFLOP/s on
 # 2 cores against 248-260; Q4_1: SmolLM2-135M; Q5_0: Gemma-3-270M; other types, e.g. the Q6_K tensors of Q4_K_M
@@ -277,8 +276,8 @@ def weight_shares(spec, repack: str = "all") -> dict:
 
 def _repacked_by_name(spec):
     """One regex matching the weights localrun names to CPU_REPACK on a CPU that advertises AMX
-    (backends/llamacpp/lib.py ``repack_patterns``, every layer on the CPU; AMX implies AVX2 and AVX-512)."""
-    from localrun.backends.llamacpp.lib import repack_patterns
+    (model/repack.py ``repack_patterns``, every layer on the CPU; AMX implies AVX2 and AVX-512)."""
+    from localrun.model.repack import repack_patterns
 
     pats = repack_patterns(spec, 0, has={"avx2": True, "avx512": True})
     return re.compile("|".join(f"(?:{p})" for p in pats)) if pats else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import sys
 import threading
 from collections import deque
@@ -210,40 +209,15 @@ def cpu_moe_overrides(n_cpu_moe: int, regex: str | None = None) -> list[tuple[st
     return [(f"blk\\.{i}{regex}", cpu) for i in range(n_cpu_moe)]
 
 
-# ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type, its x86 branches: weight type → the CPU feature
-# its interleaved GEMM kernel needs (the row count ne[1] must be a multiple of 8)
-_REPACK_X86 = {"Q4_0": "avx2", "Q4_K": "avx2", "IQ4_NL": "avx2", "MXFP4": "avx2", "Q2_K": "avx512"}
-_MATMUL_WEIGHT = re.compile(r"^blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_up|ffn_down|ffn_gate"
-                            r"|ffn_gate_up)\.weight$")
-
-
 def repack_patterns(spec, n_gpu_layers: int, has: dict[str, bool] | None = None) -> list[str]:
-    """Regexes naming the weights llama.cpp's CPU_REPACK buffer type would take (the ones it repacks into
-    interleaved blocks for its x86 GEMM kernels: Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512),
-    for the layers that stay on the CPU: the first ``n_layer - n_gpu_layers`` (llama.cpp offloads the
-    last ones; the output matrix goes to the GPU when ``n_gpu_layers > n_layer``). One anchored pattern
-    per weight kind, the layer numbers as an alternation. ``has`` = {"avx2": …, "avx512": …} (default:
-    what ggml detects). Used when the AMX buffer type must stay off (see ``weight_overrides``)."""
+    """``localrun.model.repack.repack_patterns`` with ``has`` (default: the AVX2 / AVX-512 ggml detects
+    here). Used when the AMX buffer type must stay off (see ``weight_overrides``)."""
+    from localrun.model.repack import repack_patterns as patterns
+
     if has is None:
         cpu = ggml_lib("ggml-cpu")
         has = {"avx2": bool(cpu.ggml_cpu_has_avx2()), "avx512": bool(cpu.ggml_cpu_has_avx512())}
-    n_layer = int(spec.n_layer)
-    ngl = n_layer + 1 if n_gpu_layers < 0 else int(n_gpu_layers)
-    first_gpu = max(0, n_layer - ngl)
-    by_kind: dict[str, list[int]] = {}
-    output = False
-    for t in spec.tensors:
-        need = _REPACK_X86.get(t.type_name)
-        if not need or not has.get(need) or len(t.shape) != 2 or t.shape[1] % 8:
-            continue
-        m = _MATMUL_WEIGHT.match(t.name)
-        if m and int(m.group(1)) < first_gpu:
-            by_kind.setdefault(m.group(2), []).append(int(m.group(1)))
-        elif t.name == "output.weight" and ngl <= n_layer:
-            output = True
-    pats = [f"^blk\\.({'|'.join(str(i) for i in sorted(ids))})\\.{kind}\\.weight$"
-            for kind, ids in sorted(by_kind.items())]
-    return pats + (["^output\\.weight$"] if output else [])
+    return patterns(spec, n_gpu_layers, has)
 
 
 def weight_overrides(pairs: list[tuple[str, int]]):
