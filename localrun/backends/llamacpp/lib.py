@@ -10,6 +10,7 @@ import threading
 from collections import deque
 
 from localrun.errors import BackendUnavailableError
+from localrun.model.repack import repack_patterns as _patterns
 
 
 def import_llama():
@@ -212,12 +213,10 @@ def cpu_moe_overrides(n_cpu_moe: int, regex: str | None = None) -> list[tuple[st
 def repack_patterns(spec, n_gpu_layers: int, has: dict[str, bool] | None = None) -> list[str]:
     """``localrun.model.repack.repack_patterns`` with ``has`` (default: the AVX2 / AVX-512 ggml detects
     here). Used when the AMX buffer type must stay off (see ``weight_overrides``)."""
-    from localrun.model.repack import repack_patterns as patterns
-
     if has is None:
         cpu = ggml_lib("ggml-cpu")
         has = {"avx2": bool(cpu.ggml_cpu_has_avx2()), "avx512": bool(cpu.ggml_cpu_has_avx512())}
-    return patterns(spec, n_gpu_layers, has)
+    return _patterns(spec, n_gpu_layers, has)
 
 
 def weight_overrides(pairs: list[tuple[str, int]]):
