@@ -4,6 +4,7 @@ advertises AMX) and the speed model (offload/speed.py) both need."""
 
 from __future__ import annotations
 
+import os
 import re
 
 # ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type, its x86 branches: weight type → the CPU feature
@@ -37,3 +38,13 @@ def repack_patterns(spec, n_gpu_layers: int, has: dict[str, bool]) -> list[str]:
     pats = [f"^blk\\.({'|'.join(str(i) for i in sorted(ids))})\\.{kind}\\.weight$"
             for kind, ids in sorted(by_kind.items())]
     return pats + (["^output\\.weight$"] if output else [])
+
+
+def repack_mode(amx_advertised: bool) -> str:
+    """Which weights of a repackable type llama.cpp repacks as localrun loads a model (backends/llamacpp/lib.py
+    ``weight_placement``): "all" (llama.cpp's own choice, its extra buffer types on), "named" (the CPU
+    advertises AMX: the extra buffer types off, only ``repack_patterns``' kinds named to CPU_REPACK), "none"
+    (AMX and ``LOCALRUN_NO_REPACK``). ``LOCALRUN_ALLOW_AMX`` (a fixed llama.cpp) restores "all"."""
+    if not amx_advertised or os.environ.get("LOCALRUN_ALLOW_AMX"):
+        return "all"
+    return "none" if os.environ.get("LOCALRUN_NO_REPACK") else "named"

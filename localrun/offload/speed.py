@@ -22,9 +22,10 @@ tier's effective bandwidth already folds the fixed costs in.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
+
+from localrun.model.repack import repack_mode, repack_patterns
 
 # name substring (lowercase) → (memory bandwidth GB/s, dense FP16 TFLOP/s). Longest match wins.
 GPU_TABLE: dict[str, tuple[float, float]] = {
@@ -130,13 +131,9 @@ class Tier:
 
 
 def cpu_repack_mode(simd) -> str:
-    """Which weights of a repackable type llama.cpp repacks as localrun loads a model on a CPU with these
-    ``simd`` labels (machine/hardware.py ``probe_cpu``), after backends/llamacpp/lib.py ``weight_placement``:
-    "all" (llama.cpp chooses), "named" (the CPU advertises AMX: only ``repack_patterns``' kinds), "none" (AMX
-    and ``LOCALRUN_NO_REPACK``). ``LOCALRUN_ALLOW_AMX`` restores "all", as there."""
-    if "AMX" not in (simd or ()) or os.environ.get("LOCALRUN_ALLOW_AMX"):
-        return "all"
-    return "none" if os.environ.get("LOCALRUN_NO_REPACK") else "named"
+    """``model/repack.py`` ``repack_mode`` for a CPU with these ``simd`` labels (machine/hardware.py
+    ``probe_cpu``): the same rule the loader applies."""
+    return repack_mode("AMX" in (simd or ()))
 
 
 def gpu_tier(gpu) -> Tier:
@@ -277,8 +274,6 @@ def weight_shares(spec, repack: str = "all") -> dict:
 def _repacked_by_name(spec):
     """One regex matching the weights localrun names to CPU_REPACK on a CPU that advertises AMX
     (model/repack.py ``repack_patterns``, every layer on the CPU; AMX implies AVX2 and AVX-512)."""
-    from localrun.model.repack import repack_patterns
-
     pats = repack_patterns(spec, 0, has={"avx2": True, "avx512": True})
     return re.compile("|".join(f"(?:{p})" for p in pats)) if pats else None
 

@@ -10,6 +10,7 @@ import threading
 from collections import deque
 
 from localrun.errors import BackendUnavailableError
+from localrun.model.repack import repack_mode
 from localrun.model.repack import repack_patterns as _patterns
 
 
@@ -245,8 +246,9 @@ def weight_placement(spec, plan, amx_advertised: bool):
       ``LOCALRUN_ALLOW_AMX=1`` (a fixed llama.cpp) and ``LOCALRUN_NO_REPACK=1`` change this.
     """
     pairs = cpu_moe_overrides(int(getattr(plan, "n_cpu_moe", 0) or 0))
-    if not amx_advertised:
+    mode = repack_mode(amx_advertised)
+    if mode == "all":
         return weight_overrides(pairs), True, False
     repack = extra_buffer_types().get("CPU_REPACK")
-    pats = repack_patterns(spec, int(plan.n_gpu_layers)) if repack and not os.environ.get("LOCALRUN_NO_REPACK") else []
+    pats = repack_patterns(spec, int(plan.n_gpu_layers)) if repack and mode == "named" else []
     return weight_overrides(pairs + [(p, repack) for p in pats]), False, bool(pats)
