@@ -118,7 +118,7 @@ def client_setup(client: str, base: str, key: str, model_id: str, home: Path, *,
     the server's context per sequence) is told to Codex as ``model_context_window`` (its config key for the
     window; for a model it has no metadata for it otherwise assumes its fallback metadata's, not the
     server's) and to Claude Code as ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` (read by 2.1.197 and 2.1.332: it
-    compacts the conversation before that window fills, not the window it assumes for an unknown model). Past the
+    compacts the conversation before the smaller of this and its own window for the model fills). Past the
     window the server answers OpenAI's ``context_length_exceeded`` (Codex: "ran out of room in the model's
     context window") or Anthropic's "prompt is too long"."""
     if write:

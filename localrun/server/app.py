@@ -92,8 +92,9 @@ def create_app(engine: Engine | None, settings, options: ServeOptions | None = N
 
     def _err(request, status: int, body: dict, headers: dict | None = None, *, overloaded: bool = False):
         # the per-request log line names the error's code (context_length_exceeded, invalid_value, ...)
-        code = (body.get("error") or {}).get("code") if isinstance(body.get("error"), dict) else None
-        request.scope.setdefault("state", {}).setdefault("localrun", {})["error"] = code or status
+        err = body.get("error")
+        request.scope.setdefault("state", {}).setdefault("localrun", {})["error"] = (
+            err.get("code") if isinstance(err, dict) else None) or status
         status, body = error_response(request.url.path, status, body, overloaded=overloaded)
         return JSONResponse(body, status_code=status, headers=headers)
 
