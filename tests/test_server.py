@@ -102,6 +102,22 @@ def test_disconnect_after_first_chunk_frees_the_sequence(server, http):
     assert http.get("/health").json()["active_sequences"] == 0
 
 
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_sequence(server, http):
+    # the reply is collected on the server; the client gives up (read timeout) long before it would end
+    before = metric(http, "localrun_generations_total", '{finish_reason="cancelled"}')
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 800, "temperature": 0,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # no EOS: it would run on without the cancel
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=1.5) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/completions", json=body)
+    deadline = time.monotonic() + 120
+    while metric(http, "localrun_generations_total", '{finish_reason="cancelled"}') < before + 1:
+        assert time.monotonic() < deadline, "the abandoned request was never cancelled"
+        time.sleep(0.2)
+    assert metric(http, "localrun_active_sequences") == 0
+    assert http.get("/health").json()["active_sequences"] == 0
 BAD = [
     # (description, headers, body, status, code)
     ("malformed json", {"Content-Type": "application/json"}, b'{"messages": [', 400, "invalid_json"),

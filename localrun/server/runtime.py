@@ -258,9 +258,13 @@ class ServerState:
         ``logprobs`` are those of the tokens whose text it shows (``backends.text.LogprobRelease``: text a
         stop string held back brings its tokens' entries along; a matched stop string's tokens have none)."""
         release = LogprobRelease()
+        # one watcher for the whole reply (a client that disconnects ends it with ClientGone on the queue), not
+        # one per token: a task that awaits the ASGI receive, started and cancelled for every token, cost the
+        # event loop more than the token itself
+        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, self.scheduler, job)) if request else None
         try:
             while True:
-                kind, val = await (self._next(request, job) if request is not None else job.queue.get())
+                kind, val = await job.queue.get()
                 if kind == "error":
                     raise val
                 val.logprobs = release.push(val.text, val.logprobs, final=val.finish_reason is not None) or None
@@ -268,6 +272,8 @@ class ServerState:
                 if val.finish_reason is not None:
                     return
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if not job.finished:
                 self.scheduler.cancel(job)
 
@@ -357,12 +363,7 @@ class _JobStream(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         job, sched = self._job, self._scheduler
 
-        async def watch():
-            await _wait_disconnect(receive)
-            sched.cancel(job)
-            job.queue.put_nowait(("error", ClientGone()))
-
-        watcher = asyncio.ensure_future(watch())
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, sched, job))
         try:
             await super().__call__(scope, receive, send)
         except (OSError, ClientGone):
@@ -384,6 +385,13 @@ async def _wait_disconnect(receive) -> None:
         msg = await receive()
         if msg.get("type") == "http.disconnect":
             return
+
+
+async def _watch_disconnect(receive, scheduler: Scheduler, job: Job) -> None:
+    """When the client disconnects: cancel ``job`` and end its reader with ``ClientGone`` (on its queue)."""
+    await _wait_disconnect(receive)
+    scheduler.cancel(job)
+    job.queue.put_nowait(("error", ClientGone()))
 
 
 def parse_json_body(body: bytes) -> Any:
