@@ -229,3 +229,22 @@ def mlx_smollm_engine(smollm_path, tmp_path_factory, *, n_ctx: int = 1024, chat_
         eng = load_engine(smollm_path, plan, chat_template=chat_template)
         yield eng
         eng.close()
+
+
+def serve_run_kwargs(monkeypatch, tmp_path, *args: str) -> dict:
+    """The keywords `localrun serve ARGS` passes to ``run_server`` (on a free port; nothing is served):
+    the CLI's parsing of serve's options, checked without a model or a socket held."""
+    from typer.testing import CliRunner
+
+    import localrun.commands.serve as serve_cmd
+    from localrun.cli import app
+
+    seen: list[dict] = []
+    monkeypatch.setattr(serve_cmd, "run_server", lambda *a, **kw: seen.append(kw))
+    monkeypatch.setenv("LOCALRUN_HOME", str(tmp_path))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    r = CliRunner().invoke(app, ["serve", "--port", port, *args])
+    assert r.exit_code == 0, r.output
+    return seen.pop()

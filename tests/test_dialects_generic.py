@@ -173,24 +173,12 @@ class _ByteTokenizer:
 def test_serve_no_generic_tools_flag_reaches_the_server(monkeypatch, tmp_path):
     """``localrun serve --no-generic-tools`` → ``run_server(generic_tools=False)`` (default True), which sets
     ``ServeOptions.generic_tools`` (the field ``reply.prepare_chat`` and the Ollama wing read)."""
-    import socket
+    from helpers import serve_run_kwargs
 
-    from typer.testing import CliRunner
-
-    import localrun.commands.serve as serve_cmd
-    from localrun.cli import app
     from localrun.server.runtime import ServeOptions
 
-    seen = []
-    monkeypatch.setattr(serve_cmd, "run_server", lambda *a, **kw: seen.append(kw["generic_tools"]))
-    monkeypatch.setenv("LOCALRUN_HOME", str(tmp_path))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    for args, want in ((["serve", "--port", port], True), (["serve", "--port", port, "--no-generic-tools"], False)):
-        r = CliRunner().invoke(app, args)
-        assert r.exit_code == 0, r.output
-        assert seen.pop() is want
+    assert serve_run_kwargs(monkeypatch, tmp_path)["generic_tools"] is True
+    assert serve_run_kwargs(monkeypatch, tmp_path, "--no-generic-tools")["generic_tools"] is False
     assert ServeOptions().generic_tools is True
 
 

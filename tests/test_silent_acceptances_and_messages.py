@@ -4,9 +4,9 @@ each read as the user or HTTP client sees it. No model loads here."""
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
+from helpers import serve_run_kwargs
 
 from localrun.server.errors import RequestError
 
@@ -30,21 +30,8 @@ def test_spec_help_says_off_by_default_and_why_and_draft_max_16(command):
 
 
 def test_serve_speculates_only_when_asked(monkeypatch, tmp_path):
-    from typer.testing import CliRunner
-
-    import localrun.commands.serve as serve_cmd
-    from localrun.cli import app
-
-    seen = []
-    monkeypatch.setattr(serve_cmd, "run_server", lambda *a, **kw: seen.append(kw["speculation"]))
-    monkeypatch.setenv("LOCALRUN_HOME", str(tmp_path))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    for args, want in ((["serve", "--port", port], "off"), (["serve", "--port", port, "--spec", "ngram"], "ngram")):
-        r = CliRunner().invoke(app, args)
-        assert r.exit_code == 0, r.output
-        assert seen.pop().mode == want
+    assert serve_run_kwargs(monkeypatch, tmp_path)["speculation"].mode == "off"
+    assert serve_run_kwargs(monkeypatch, tmp_path, "--spec", "ngram")["speculation"].mode == "ngram"
 
 
 def test_logit_bias_beyond_openais_range_is_a_400_naming_the_value():
