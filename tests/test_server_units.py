@@ -143,8 +143,8 @@ def test_parse_max_body():
 
 
 def test_parse_json_body_names_the_field():
+    from localrun.server.body import parse_json_body
     from localrun.server.errors import RequestError
-    from localrun.server.runtime import parse_json_body
 
     assert parse_json_body(rb'{"a": [1, 2.5, "x\\ud800"]}') == {"a": [1, 2.5, "x\\ud800"]}  # an escaped backslash
     cases = {

@@ -67,7 +67,7 @@ def test_a_content_part_without_a_type_is_named_so():
 
 
 def test_a_huge_integer_is_a_400_without_pythons_hint():
-    from localrun.server.runtime import parse_json_body
+    from localrun.server.body import parse_json_body
 
     with pytest.raises(RequestError) as e:
         parse_json_body(b'{"max_tokens": ' + b"9" * 5000 + b"}")

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localrun.errors import ModelNotFoundError
+from localrun.server.body import BodyReader
 from localrun.server.budget import Budget, Need, need_text
 from localrun.server.errors import RequestError
 from localrun.server.keepalive import DEFAULT_KEEP_ALIVE_S, FOREVER, fmt_keep_alive, request_keep_alive, request_n_ctx
 from localrun.server.names import ModelNames, model_id_for
 from localrun.server.residency import Lease, ModelsBusyError, Planned, Residency, Resident, path_key, plan_need
-from localrun.server.runtime import BodyReader, ServeOptions, ServerState
+from localrun.server.runtime import ServeOptions, ServerState
 
 log = logging.getLogger("localrun.server")
 
