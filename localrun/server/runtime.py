@@ -205,7 +205,8 @@ class ServerState:
         # one watcher for the whole reply (a client that disconnects ends it with ClientGone on the queue), not
         # one per token: a task that awaits the ASGI receive, started and cancelled for every token, cost the
         # event loop more than the token itself
-        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, self.scheduler, job)) if request else None
+        watcher = (asyncio.ensure_future(_watch_disconnect(request.receive, self.scheduler, job))
+                   if request is not None else None)
         try:
             while True:
                 kind, val = await job.queue.get()
